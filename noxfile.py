@@ -1,0 +1,141 @@
+"""The single entry point: build, test, dump HLO, benchmark and lint xla-gpu-ops.
+
+Main job on a fresh machine:  nox -s build kernels hlo
+Tests (what .ci/run calls):   nox -s lint tests
+
+Every install goes through the hash-locked files in locks/ (regenerate them with `nox -s lock`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["build", "kernels", "hlo"]
+
+ROOT = Path(__file__).parent
+LOCKS = ROOT / "locks"
+PYTHON = "3.11"  # CI's Python; the only one with wheels for both torch_xla 2.7 and torchax
+# Ampere, Ada, Hopper (sm_90a: wgmma/TMA). Override with XLA_GPU_OPS_CUDA_ARCHS="90a" for speed.
+DEFAULT_CUDA_ARCHS = "80;86;89;90a"
+ARTIFACTS = ROOT / "artifacts"
+# Lock name -> the .in file it is compiled from; platform of every lock: CPython 3.11, manylinux x86_64.
+LOCK_PLATFORM = "x86_64-manylinux_2_28"
+
+
+def install_lock(session: nox.Session, name: str) -> None:
+    """Install one hash-locked requirements file (uv checks every hash)."""
+    session.install("--require-hashes", "-r", str(LOCKS / f"{name}.txt"))
+
+
+def install_package(session: nox.Session) -> None:
+    """Editable install of xla_gpu_ops itself (its dependencies come from the lock)."""
+    session.install("--no-deps", "-e", str(ROOT))
+
+
+def cuda_archs() -> str:
+    return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+
+
+_TOOLCHAIN_PROBE = """
+import json, sysconfig, pathlib, jax.ffi
+cu13 = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13"
+print(json.dumps({"cu13": str(cu13), "nvcc": str(cu13 / "bin" / "nvcc"),
+                  "ffi_include": jax.ffi.include_dir()}))
+"""
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build kernels/ with CMake + Ninja (nvcc from the lock); install the .so into xla_gpu_ops/_lib.
+
+    Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS.
+    Extra arguments go to `cmake --build`.
+    """
+    install_lock(session, "build")
+    tools = json.loads(session.run("python", "-c", _TOOLCHAIN_PROBE, silent=True).strip())
+    archs = cuda_archs()
+    build_dir = ROOT / "build" / ("sm_" + archs.replace(";", "-"))
+    # The wheel's nvcc.profile points at lib64; its static cudart is in lib.
+    env = {"LIBRARY_PATH": str(Path(tools["cu13"]) / "lib")}
+    session.run(
+        "cmake", "-G", "Ninja", "-S", str(ROOT / "kernels"), "-B", str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_COMPILER={tools['nvcc']}",
+        f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+        f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
+        "--log-level=WARNING",
+        env=env,
+    )  # fmt: skip
+    session.run("cmake", "--build", str(build_dir), *session.posargs, env=env)
+    session.run("cmake", "--install", str(build_dir), "--prefix", str(ROOT / "xla_gpu_ops"))
+
+
+def run_pytest(session: nox.Session, *args: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    session.run("pytest", *args, *session.posargs, env={"XLA_GPU_OPS_ARTIFACTS": str(ARTIFACTS)})
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def kernels(session: nox.Session) -> None:
+    """Kernel correctness: host handlers on XLA:CPU here; GPU tests run on a GPU, skip elsewhere."""
+    install_lock(session, "default")
+    install_package(session)
+    run_pytest(session, "-m", "kernels")
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def hlo(session: nox.Session) -> None:
+    """HLO/StableHLO dumps: the custom call is present, unfolded, and survives dynamo and export.
+
+    Dumps land in artifacts/hlo/.
+    """
+    install_lock(session, "default")
+    install_package(session)
+    run_pytest(session, "-m", "hlo")
+
+
+@nox.session(python=PYTHON, requires=["build"])
+def tests(session: nox.Session) -> None:
+    """The whole suite (GPU tests skip with a reason where there is no GPU)."""
+    install_lock(session, "default")
+    install_package(session)
+    run_pytest(session)
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks against peers; on a CPU-only machine a smoke run of the harness."""
+    install_lock(session, "default")
+    install_package(session)
+    session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (check + format), hadolint on the Dockerfile, compose and dev container schemas."""
+    install_lock(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", str(ROOT / ".ci" / "lint_containers.py"), str(ROOT))
+
+
+@nox.session(python=PYTHON, default=False)
+def lock(session: nox.Session) -> None:
+    """Regenerate every locks/*.txt (with hashes) from its locks/*.in."""
+    session.install("uv")
+    for source in sorted(LOCKS.glob("*.in")):
+        session.run(
+            "uv", "pip", "compile", "--quiet", "--generate-hashes",
+            "--python-version", PYTHON, "--python-platform", LOCK_PLATFORM,
+            str(source), "-o", str(source.with_suffix(".txt")),
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    nox.main()

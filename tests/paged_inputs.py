@@ -1,0 +1,112 @@
+"""Random paged-attention inputs shared by the kernel, binding and benchmark tests.
+
+`make_paged_inputs` returns the six operands of `xla_gpu_ops.reference.paged_attention` (CPU torch
+tensors), so `reference.paged_attention(**inputs, scale=...)` works as is. Pages are assigned in a
+shuffled order (a kernel that assumes contiguous pages fails), the cache holds spare pages full of
+random values that no sequence uses, and every value is random, never zero.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+
+SeqSpec = tuple[int, int]  # (q_len, context_len)
+
+DECODE = ((1, 37), (1, 300), (1, 5), (1, 129))
+PREFILL = ((37, 37), (64, 200), (5, 5))
+MIXED = ((1, 100), (17, 17), (1, 1), (40, 257), (3, 64))
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def fresh_seed() -> int:
+    """A new seed per call (per test run); tests print it in failure messages to reproduce."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _pages_needed(context_len: int, page_size: int) -> int:
+    return -(-context_len // page_size)
+
+
+def make_paged_inputs(
+    seq_specs: Sequence[SeqSpec],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    seed: int,
+    shared_prefix: bool = False,
+    pad_tokens: int = 0,
+    extra_seqs: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Random ragged batch in the torch_xla ragged_paged_attention layout (docs/DESIGN.md).
+
+    seq_specs: one (q_len, context_len) per live sequence, 0 <= q_len <= context_len.
+    shared_prefix: every sequence's first pages point at the same physical pages (prefix caching);
+        it shares the pages all sequences fill completely (at least the first page).
+    pad_tokens: random query rows after the last sequence's tokens (their output must be zeros).
+    extra_seqs: unused sequence slots past num_seqs, holding random but valid metadata.
+
+    Returns query [T, Hq, D], kv_cache [P, page_size, 2*Hkv, D] (K even, V odd), context_lens
+    int32 [S], block_tables int32 [S, pages_per_seq], query_start_loc int32 [S + 1], num_seqs
+    int32 [1], with S = len(seq_specs) + extra_seqs and T = sum(q_len) + pad_tokens.
+    """
+    if not seq_specs:
+        raise ValueError("seq_specs: need at least one sequence")
+    for q_len, context_len in seq_specs:
+        if not 0 <= q_len <= context_len or context_len < 1:
+            raise ValueError(
+                f"seq_specs: need 0 <= q_len <= context_len, >= 1, got {(q_len, context_len)}"
+            )
+    gen = torch.Generator().manual_seed(seed)
+    num_live = len(seq_specs)
+    num_slots = num_live + extra_seqs
+    used_pages = [_pages_needed(ctx, page_size) for _, ctx in seq_specs]
+    pages_per_seq = max(used_pages)
+
+    shared = 0
+    if shared_prefix:
+        full_pages = min(ctx // page_size for _, ctx in seq_specs)
+        shared = min(max(1, full_pages), min(used_pages))
+    private = [n - shared for n in used_pages]
+    spare = 3  # pages no sequence uses: their random contents must never leak into the output
+    num_pages = shared + sum(private) + spare
+    physical = torch.randperm(num_pages, generator=gen).to(torch.int32)
+
+    block_tables = torch.randint(
+        0, num_pages, (num_slots, pages_per_seq), generator=gen, dtype=torch.int32
+    )
+    next_page = shared
+    for i, n in enumerate(private):
+        block_tables[i, :shared] = physical[:shared]
+        block_tables[i, shared : shared + n] = physical[next_page : next_page + n]
+        next_page += n
+
+    q_lens = [q for q, _ in seq_specs]
+    num_real_tokens = sum(q_lens)
+    starts = [0]
+    for q_len in q_lens:
+        starts.append(starts[-1] + q_len)
+    starts += [num_real_tokens] * extra_seqs  # unused slots: empty, like vLLM's padding
+    capacity = pages_per_seq * page_size
+    extra_lens = torch.randint(1, capacity + 1, (extra_seqs,), generator=gen).tolist()
+    context_lens = [ctx for _, ctx in seq_specs] + extra_lens
+
+    num_tokens = num_real_tokens + pad_tokens
+    query = torch.randn((num_tokens, num_q_heads, head_dim), generator=gen).to(dtype)
+    kv_cache = torch.randn((num_pages, page_size, 2 * num_kv_heads, head_dim), generator=gen)
+    return {
+        "query": query,
+        "kv_cache": kv_cache.to(dtype),
+        "context_lens": torch.tensor(context_lens, dtype=torch.int32),
+        "block_tables": block_tables,
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32),
+        "num_seqs": torch.tensor([num_live], dtype=torch.int32),
+    }

@@ -1,0 +1,27 @@
+"""xla-gpu-ops: CUDA paged attention and simple_add as XLA custom calls.
+
+`import xla_gpu_ops` needs no framework. With torch installed it registers torch.ops.xla_gpu.* and
+exposes `paged_attention` / `simple_add` wrappers; `xla_gpu_ops.jax`, `xla_gpu_ops.torchax` and
+`xla_gpu_ops.torch_xla` are imported on demand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+__version__ = "0.1.0"
+__all__ = ["paged_attention", "simple_add"]
+
+_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "reference", "xla_cuda")
+
+if importlib.util.find_spec("torch") is not None:
+    from xla_gpu_ops.torch_ops import paged_attention, simple_add
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"xla_gpu_ops.{name}")
+    if name in __all__:
+        raise ImportError(f"xla_gpu_ops.{name} needs torch: pip install torch")
+    raise AttributeError(f"module 'xla_gpu_ops' has no attribute {name!r}")

@@ -13,7 +13,16 @@ import importlib.util
 __version__ = "0.1.0"
 __all__ = ["paged_attention", "simple_add"]
 
-_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "reference", "xla_cuda")
+_SUBMODULES = (
+    "jax",
+    "torchax",
+    "torch_xla",
+    "torch_cuda",
+    "torch_ops",
+    "hlo",
+    "reference",
+    "xla_cuda",
+)
 
 if importlib.util.find_spec("torch") is not None:
     from xla_gpu_ops.torch_ops import paged_attention, simple_add

@@ -36,7 +36,9 @@ def _fail(argument: str, message: str, kind: type[Exception] = ValueError) -> No
     raise kind(f"paged_attention: {argument}: {message}")
 
 
-def check_simple_add(a_shape: Sequence[int], a_dtype: str, b_shape: Sequence[int], b_dtype: str) -> None:
+def check_simple_add(
+    a_shape: Sequence[int], a_dtype: str, b_shape: Sequence[int], b_dtype: str
+) -> None:
     if a_dtype not in FLOAT_DTYPES:
         raise TypeError(f"simple_add: a: dtype {a_dtype} is not one of {FLOAT_DTYPES}")
     if b_dtype != a_dtype:
@@ -75,10 +77,15 @@ def check_paged_attention_static(
     if head_dim not in SUPPORTED_HEAD_DIMS:
         _fail("query", f"head_dim {head_dim} is not one of {SUPPORTED_HEAD_DIMS}")
     if combined_heads <= 0 or combined_heads % 2:
-        _fail("kv_cache", f"dim 2 must be 2 * num_kv_heads (K and V interleaved), got {combined_heads}")
+        _fail(
+            "kv_cache",
+            f"dim 2 must be 2 * num_kv_heads (K and V interleaved), got {combined_heads}",
+        )
     num_kv_heads = combined_heads // 2
     if num_q_heads <= 0 or num_q_heads % num_kv_heads:
-        _fail("query", f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        _fail(
+            "query", f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
     if not 1 <= page_size <= MAX_PAGE_SIZE:
         _fail("kv_cache", f"page_size {page_size} is outside [1, {MAX_PAGE_SIZE}]")
     if num_pages <= 0:
@@ -86,12 +93,17 @@ def check_paged_attention_static(
     if max_num_seqs <= 0:
         _fail("context_lens", "needs at least one sequence slot")
     if len(shapes["block_tables"]) == 2 and shapes["block_tables"][0] != max_num_seqs:
-        _fail("block_tables", f"dim 0 is {shapes['block_tables'][0]}, context_lens has {max_num_seqs}")
+        _fail(
+            "block_tables", f"dim 0 is {shapes['block_tables'][0]}, context_lens has {max_num_seqs}"
+        )
     pages_per_seq = shapes["block_tables"][1]
     if pages_per_seq <= 0:
         _fail("block_tables", "needs at least one page per sequence")
     if tuple(shapes["query_start_loc"]) != (max_num_seqs + 1,):
-        _fail("query_start_loc", f"shape must be ({max_num_seqs + 1},), got {tuple(shapes['query_start_loc'])}")
+        _fail(
+            "query_start_loc",
+            f"shape must be ({max_num_seqs + 1},), got {tuple(shapes['query_start_loc'])}",
+        )
     if tuple(shapes["num_seqs"]) != (1,):
         _fail("num_seqs", f"shape must be (1,), got {tuple(shapes['num_seqs'])}")
 
@@ -118,7 +130,9 @@ def check_paged_attention_metadata(
         _fail("num_seqs", f"{n} is outside [0, {dims.max_num_seqs}]")
     starts = query_start_loc[: n + 1].astype(np.int64)
     if starts[0] < 0 or starts[-1] > dims.num_tokens:
-        _fail("query_start_loc", f"values must lie in [0, {dims.num_tokens}], got {starts.tolist()}")
+        _fail(
+            "query_start_loc", f"values must lie in [0, {dims.num_tokens}], got {starts.tolist()}"
+        )
     q_lens = np.diff(starts)
     if (q_lens < 0).any():
         _fail("query_start_loc", f"must be non-decreasing, got {starts.tolist()}")
@@ -126,11 +140,19 @@ def check_paged_attention_metadata(
     capacity = dims.pages_per_seq * dims.page_size
     if (kv_lens > capacity).any() or (kv_lens < 0).any():
         bad = int(np.flatnonzero((kv_lens > capacity) | (kv_lens < 0))[0])
-        _fail("context_lens", f"sequence {bad} has {kv_lens[bad]} tokens; must be in [0, {capacity}]")
+        _fail(
+            "context_lens", f"sequence {bad} has {kv_lens[bad]} tokens; must be in [0, {capacity}]"
+        )
     if (q_lens > kv_lens).any():
         bad = int(np.flatnonzero(q_lens > kv_lens)[0])
-        _fail("context_lens", f"sequence {bad}: q_len {q_lens[bad]} exceeds context_len {kv_lens[bad]}")
+        _fail(
+            "context_lens",
+            f"sequence {bad}: q_len {q_lens[bad]} exceeds context_len {kv_lens[bad]}",
+        )
     for i in range(n):
         used = block_tables[i, : -(-int(kv_lens[i]) // dims.page_size)]
         if used.size and (used.min() < 0 or used.max() >= dims.num_pages):
-            _fail("block_tables", f"sequence {i} uses page indices outside [0, {dims.num_pages}): {used.tolist()}")
+            _fail(
+                "block_tables",
+                f"sequence {i} uses page indices outside [0, {dims.num_pages}): {used.tolist()}",
+            )

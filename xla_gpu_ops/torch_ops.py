@@ -29,10 +29,14 @@ def check_paged_attention_tensors(
     """Static checks on torch tensors (types, devices, shapes, dtypes, attributes); reads no data."""
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"paged_attention: {name}: expected a torch.Tensor, got {type(value).__name__}")
+            raise TypeError(
+                f"paged_attention: {name}: expected a torch.Tensor, got {type(value).__name__}"
+            )
     device_type = tensors["query"].device.type
     for name, value in tensors.items():
-        if value.device.type != device_type and not (name == "num_seqs" and value.device.type == "cpu"):
+        if value.device.type != device_type and not (
+            name == "num_seqs" and value.device.type == "cpu"
+        ):
             raise ValueError(
                 f"paged_attention: {name}: on device {value.device}, query is on {tensors['query'].device}"
             )
@@ -93,7 +97,13 @@ def paged_attention_op(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
 ) -> torch.Tensor:
-    tensors = dict(zip(_ALL_ARGS, (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs), strict=True))
+    tensors = dict(
+        zip(
+            _ALL_ARGS,
+            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
+            strict=True,
+        )
+    )
     dims = check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
     check_paged_attention_metadata(dims, tensors)  # host tensors: no sync involved
     return reference.paged_attention(
@@ -105,7 +115,13 @@ def paged_attention_op(
 @paged_attention_op.register_fake
 def _(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
       sliding_window=None, soft_cap=None):  # fmt: skip
-    tensors = dict(zip(_ALL_ARGS, (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs), strict=True))
+    tensors = dict(
+        zip(
+            _ALL_ARGS,
+            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
+            strict=True,
+        )
+    )
     check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
     return torch.empty_like(query)
 
@@ -137,7 +153,9 @@ def simple_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a + b through the xla_gpu kernel of a's device (f32, f16, bf16; same shape and dtype)."""
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"simple_add: {name}: expected a torch.Tensor, got {type(value).__name__}")
+            raise TypeError(
+                f"simple_add: {name}: expected a torch.Tensor, got {type(value).__name__}"
+            )
     if a.device != b.device:
         raise ValueError(f"simple_add: b: on device {b.device}, a is on {a.device}")
     _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
@@ -164,7 +182,13 @@ def paged_attention(
     (the CUDA kernel then guards bad metadata with NaN rows). Skipped under torch.compile and on
     XLA devices, where reading values would force a sync or break the graph.
     """
-    tensors = dict(zip(_ALL_ARGS, (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs), strict=True))
+    tensors = dict(
+        zip(
+            _ALL_ARGS,
+            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
+            strict=True,
+        )
+    )
     dims = check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
     if validate and query.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
         check_paged_attention_metadata(dims, tensors)

@@ -1,0 +1,200 @@
+"""torch.ops.xla_gpu.*: semantics of the CPU reference, opcheck, torch.compile, wrapper input checks."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
+
+import xla_gpu_ops
+from xla_gpu_ops import reference
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=[needs_cuda, pytest.mark.gpu])]
+
+
+def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    assert torch.isfinite(actual).all(), "non-finite values in the output"
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def inputs_on(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    return {name: t.to(device) for name, t in inputs.items()}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (its oracle)"
+)
+@pytest.mark.parametrize("specs", [DECODE, PREFILL, MIXED], ids=["decode", "prefill", "mixed"])
+@pytest.mark.parametrize(
+    ("sliding_window", "soft_cap"), [(None, None), (7, None), (None, 5.0), (40, 2.0)]
+)
+def test_reference_matches_torch_xla_oracle(specs, sliding_window, soft_cap):
+    """Our reference is torch_xla's own `_ragged_paged_attention_nonkernel`, in float64."""
+    from torch_xla.experimental.custom_kernel import _ragged_paged_attention_nonkernel
+
+    inputs = make_paged_inputs(specs, 8, 2, 64, 16, torch.float64, seed=fresh_seed(), pad_tokens=3)
+    scale = default_scale(64)
+    ours = reference.paged_attention(**inputs, scale=scale, sliding_window=sliding_window,
+                                     soft_cap=soft_cap, compute_dtype=torch.float64)  # fmt: skip
+    theirs = _ragged_paged_attention_nonkernel(
+        inputs["query"], inputs["kv_cache"], inputs["context_lens"], inputs["block_tables"],
+        inputs["query_start_loc"], inputs["num_seqs"], None, None,
+        sm_scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
+    )  # fmt: skip
+    num_real = theirs.shape[0]
+    torch.testing.assert_close(ours[:num_real], theirs, rtol=1e-10, atol=1e-10)
+    assert (ours[num_real:] == 0).all(), "padding rows must be zeros"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_op_matches_reference(device, dtype):
+    inputs = make_paged_inputs(MIXED, 8, 2, 128, 16, dtype, seed=fresh_seed(), pad_tokens=2)
+    expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64)
+    out = xla_gpu_ops.paged_attention(**inputs_on(inputs, device), scale=0.1)
+    assert out.device.type == device
+    assert out.dtype == dtype
+    assert out.shape == inputs["query"].shape
+    assert rel_l2(out, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert (out[-2:] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_paged_attention(device):
+    for specs, window, cap in [(DECODE, None, None), (MIXED, 9, 3.0)]:
+        inputs = inputs_on(
+            make_paged_inputs(specs, 4, 2, 64, 8, torch.float32, seed=fresh_seed()), device
+        )
+        args = (*inputs.values(), 0.125, window, cap)
+        torch.library.opcheck(torch.ops.xla_gpu.paged_attention.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 33), (2, 3, 1031)])
+def test_opcheck_simple_add(device, shape):
+    a, b = torch.randn(shape, device=device), torch.randn(shape, device=device)
+    torch.library.opcheck(torch.ops.xla_gpu.simple_add.default, (a, b))
+    torch.testing.assert_close(xla_gpu_ops.simple_add(a, b), a + b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_has_no_graph_break(device):
+    """Inductor keeps the op opaque: one graph, no break, same result as eager."""
+    inputs = inputs_on(
+        make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, seed=fresh_seed()), device
+    )
+
+    def layer(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs):
+        out = torch.ops.xla_gpu.paged_attention(
+            query * 2.0, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, 0.06
+        )
+        return torch.ops.xla_gpu.simple_add(out, query)
+
+    explanation = torch._dynamo.explain(layer)(*inputs.values())
+    assert explanation.graph_count == 1
+    assert explanation.graph_break_count == 0
+    compiled = torch.compile(layer, fullgraph=True)
+    torch.testing.assert_close(
+        compiled(*inputs.values()), layer(*inputs.values()), rtol=1e-5, atol=1e-5
+    )
+
+
+def _bad_inputs():
+    """(description, mutate(inputs, kwargs), exception type, text the message must contain)."""
+
+    def set_(name, value):
+        return lambda inputs, kwargs: inputs.__setitem__(name, value(inputs[name]))
+
+    def kw(name, value):
+        return lambda inputs, kwargs: kwargs.__setitem__(name, value)
+
+    return [
+        ("query not a tensor", set_("query", lambda t: t.numpy()), TypeError, "query"),
+        ("query rank 2", set_("query", lambda t: t[0]), ValueError, "query"),
+        ("query int dtype", set_("query", lambda t: t.to(torch.int32)), TypeError, "query"),
+        ("kv dtype differs", set_("kv_cache", lambda t: t.double()), TypeError, "kv_cache"),
+        ("odd combined heads", set_("kv_cache", lambda t: t[:, :, :3]), ValueError, "kv_cache"),
+        ("Hq not multiple of Hkv", set_("query", lambda t: t[:, :3]), ValueError, "num_q_heads"),
+        ("head_dim 32", set_("query", lambda t: t[..., :32]), ValueError, "head_dim"),
+        ("context_lens int64", set_("context_lens", lambda t: t.long()), TypeError, "context_lens"),
+        ("block_tables rows", set_("block_tables", lambda t: t[:-1]), ValueError, "block_tables"),
+        (
+            "query_start_loc short",
+            set_("query_start_loc", lambda t: t[:-1]),
+            ValueError,
+            "query_start_loc",
+        ),
+        ("num_seqs shape", set_("num_seqs", lambda t: t.repeat(2)), ValueError, "num_seqs"),
+        ("num_seqs > S", set_("num_seqs", lambda t: t + 5), ValueError, "num_seqs"),
+        (
+            "start not monotone",
+            set_("query_start_loc", lambda t: t.flip(0)),
+            ValueError,
+            "query_start_loc",
+        ),
+        (
+            "q_len > context",
+            set_("context_lens", lambda t: torch.ones_like(t)),
+            ValueError,
+            "context_lens",
+        ),
+        (
+            "context > capacity",
+            set_("context_lens", lambda t: t * 1000),
+            ValueError,
+            "context_lens",
+        ),
+        (
+            "page out of range",
+            set_("block_tables", lambda t: t + 10_000),
+            ValueError,
+            "block_tables",
+        ),
+        ("negative page", set_("block_tables", lambda t: t - 10_000), ValueError, "block_tables"),
+        ("soft_cap 0", kw("soft_cap", 0.0), ValueError, "soft_cap"),
+        ("soft_cap negative", kw("soft_cap", -1.0), ValueError, "soft_cap"),
+        ("sliding_window 0", kw("sliding_window", 0), ValueError, "sliding_window"),
+        ("sliding_window negative", kw("sliding_window", -4), ValueError, "sliding_window"),
+        ("scale nan", kw("scale", float("nan")), ValueError, "scale"),
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("case", "mutate", "error", "names"), _bad_inputs(), ids=[c[0] for c in _bad_inputs()]
+)
+def test_paged_attention_rejects_bad_input(device, case, mutate, error, names):
+    inputs = inputs_on(
+        make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed()), device
+    )
+    kwargs = {"scale": 0.125}
+    mutate(inputs, kwargs)
+    with pytest.raises(error, match=names):
+        xla_gpu_ops.paged_attention(**inputs, **kwargs)
+
+
+def test_paged_attention_rejects_mixed_devices():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU to mix devices")
+    inputs = make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed())
+    inputs["kv_cache"] = inputs["kv_cache"].cuda()
+    with pytest.raises(ValueError, match="kv_cache"):
+        xla_gpu_ops.paged_attention(**inputs, scale=0.1)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "error", "name"),
+    [
+        (torch.ones(3), torch.ones(4), ValueError, "b"),
+        (torch.ones(3), torch.ones(3, dtype=torch.float16), TypeError, "b"),
+        (torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32), TypeError, "a"),
+        ([1.0], torch.ones(1), TypeError, "a"),
+    ],
+)
+def test_simple_add_rejects_bad_input(a, b, error, name):
+    with pytest.raises(error, match=rf"simple_add: {name}:"):
+        xla_gpu_ops.simple_add(a, b)

@@ -118,11 +118,24 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (check + format), hadolint on the Dockerfile, compose and dev container schemas."""
+    """ruff (check + format), hadolint on the Dockerfile, compose and dev container schemas.
+
+    Runs every check, then fails if any did, so one run shows all findings.
+    """
     install_lock(session, "lint")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("python", str(ROOT / ".ci" / "lint_containers.py"), str(ROOT))
+    checks = {
+        "ruff check": ["ruff", "check", "."],
+        "ruff format": ["ruff", "format", "--check", "."],
+        "containers": ["python", str(ROOT / ".ci" / "lint_containers.py"), str(ROOT)],
+    }
+    failed = []
+    for name, command in checks.items():
+        try:
+            session.run(*command)
+        except nox.command.CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"lint failed: {', '.join(failed)}")
 
 
 @nox.session(python=PYTHON, default=False)

@@ -1,0 +1,101 @@
+// Small device helpers shared by the kernels: 16-byte cp.async, ldmatrix, the m16n8k16 tensor-core
+// MMA (inline PTX, sm_80+), and float <-> element conversions. Nothing here is sm_90a-only, so the
+// same code serves every arch of the default build (80;86;89;90a).
+#ifndef XLA_GPU_OPS_DEVICE_UTILS_CUH_
+#define XLA_GPU_OPS_DEVICE_UTILS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace xgo {
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy that bypasses L1; src_bytes == 0 fills the 16 bytes with zeros
+// (used for keys past the sequence end, so masked V rows are finite zeros, never stale data).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(smem)),
+               "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(smem)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(smem)));
+}
+
+// d += a * b for one m16n8k16 tile, f32 accumulators; T is __half or __nv_bfloat16.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+template <>
+__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one 32-bit register of two 16-bit elements (lo in the low half), for MMA A operands.
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_DEVICE_UTILS_CUH_

@@ -1,0 +1,661 @@
+// paged_attention kernels (semantics: docs/DESIGN.md; design notes: docs/KERNELS.md).
+// One launch sequence per call, all on the caller's stream:
+//   1. PagedAttentionPrepKernel checks the device-side metadata once (flags in the workspace),
+//      zero-fills rows no sequence owns, or NaN-fills everything if num_seqs / query_start_loc
+//      are inconsistent.
+//   2. An attention kernel over grid (q tile, q-head block, KV split): the tensor-core kernel
+//      (f16/bf16, mma.sync m16n8k16) or the FMA kernel (f32, exact f32 arithmetic). A q tile is
+//      up to tokens_per_tile tokens of ONE sequence x heads_per_block q heads of ONE kv head, so
+//      each block reads its K/V once for the whole GQA group; K/V stream through shared memory
+//      in 16-byte cp.async copies, double buffered, with an online softmax.
+//   3. PagedAttentionMergeKernel (only with KV splits): log-sum-exp merge of the split parts.
+// No host sync and no allocation: all scratch space is the caller's workspace.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
+
+#include <math.h>
+#include <stdint.h>
+
+#include "xla_gpu_ops/device_utils.cuh"
+#include "xla_gpu_ops/paged_attention_params.cuh"
+
+namespace xgo {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float QuietNaN() { return __int_as_float(0x7fc00000); }
+
+// ---------------------------------------------------------------- 1. metadata check and fill
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionPrepKernel(const __grid_constant__ PagedAttentionParams p) {
+  const int tid = threadIdx.x;
+  const int n = *p.num_seqs;
+  bool ok = n >= 0 && n <= p.max_num_seqs;
+  int bad = 0;
+  if (ok) {
+    for (int i = tid; i <= n; i += blockDim.x) {
+      const int start = p.query_start_loc[i];
+      bad |= start < 0 || start > p.num_tokens;
+      if (i < n) bad |= p.query_start_loc[i + 1] < start;
+    }
+  }
+  ok = !__syncthreads_or(bad || !ok);
+  if (blockIdx.x == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
+
+  const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;
+  for (int seq = blockIdx.x; seq < p.max_num_seqs; seq += gridDim.x) {
+    if (!ok || seq >= n) continue;  // uniform over the block
+    const int kv_len = p.context_lens[seq];
+    const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
+    const bool lens_ok = kv_len >= 0 && kv_len <= capacity && q_len <= kv_len;
+    const int used_pages = lens_ok ? (kv_len + p.page_size - 1) / p.page_size : 0;
+    int bad_page = 0;
+    for (int i = tid; i < used_pages; i += blockDim.x) {
+      const int page = p.block_tables[static_cast<int64_t>(seq) * p.pages_per_seq + i];
+      bad_page |= page < 0 || page >= p.num_pages;
+    }
+    const bool seq_ok = !__syncthreads_or(bad_page || !lens_ok);
+    if (tid == 0) p.flags[kFlagsHeader + seq] = seq_ok ? 1 : 0;
+  }
+
+  // Rows that no sequence owns: zeros; NaN everywhere when the row partition itself is broken.
+  const int first = ok ? p.query_start_loc[0] : 0;
+  const int last = ok ? p.query_start_loc[n] : 0;
+  constexpr int kPerVec = 16 / sizeof(T);
+  T fill_elems[kPerVec];
+#pragma unroll
+  for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
+  const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
+  const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
+  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    if (ok && t >= first && t < last) continue;
+    uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
+    for (int64_t i = tid; i < vectors_per_row; i += blockDim.x) row[i] = fill;
+  }
+}
+
+// ---------------------------------------------------------------- shared tile bookkeeping
+struct TileWork {
+  int seq, q_start, q_len, kv_len;
+  int tok0, tok_end;  // this block's tokens [tok0, tok_end) of the sequence, absolute rows
+  int head0, kv_head;
+  int rows;           // real rows: (tok_end - tok0) * heads_per_block
+  bool seq_ok;
+};
+
+// Finds this block's sequence and tokens: q tiles of sequence i start at
+// query_start_loc[i] / tokens_per_tile + i (an upper bound of the tiles before it, so grid.x =
+// T / tokens_per_tile + S covers every token without host knowledge of the lengths).
+// Returns false when the block has nothing to do.
+__device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork& w) {
+  if (p.flags[0] == 0) return false;  // prep NaN-filled everything
+  const int n = *p.num_seqs;
+  const int x = blockIdx.x;
+  const int bq = p.tokens_per_tile;
+  int lo = 0, hi = n - 1, found = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (p.query_start_loc[mid] / bq + mid <= x) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (found < 0) return false;
+  const int start = p.query_start_loc[found];
+  const int end = p.query_start_loc[found + 1];
+  const int tok0 = start + (x - (start / bq + found)) * bq;
+  if (tok0 >= end) return false;
+  w.seq = found;
+  w.q_start = start;
+  w.q_len = end - start;
+  w.kv_len = p.context_lens[found];
+  w.tok0 = tok0;
+  w.tok_end = min(tok0 + bq, end);
+  w.head0 = blockIdx.y * p.heads_per_block;
+  w.kv_head = w.head0 / p.group_size;
+  w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
+  w.seq_ok = p.flags[kFlagsHeader + found] != 0;
+  return true;
+}
+
+// The KV tiles of this block's split: keys [key_base + tile_begin * kBlockN, ...), covering the
+// union of the causal (and sliding-window) ranges of the block's rows.
+struct KeyRange {
+  int key_base, key_end, tile_begin, tile_end;
+};
+
+template <int kBlockN>
+__device__ __forceinline__ KeyRange SplitKeyRange(const PagedAttentionParams& p,
+                                                  const TileWork& w) {
+  const int offset = w.kv_len - w.q_len - w.q_start;  // absolute key position of a row = offset + t
+  const int first_pos = offset + w.tok0;
+  const int last_pos = offset + w.tok_end - 1;
+  int lo = 0;
+  if (p.sliding_window > 0) lo = max(0, first_pos - p.sliding_window + 1);
+  KeyRange r;
+  r.key_base = lo / kBlockN * kBlockN;
+  r.key_end = last_pos + 1;
+  const int num_tiles = (r.key_end - r.key_base + kBlockN - 1) / kBlockN;
+  const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
+  r.tile_begin = min(num_tiles, static_cast<int>(blockIdx.z) * per_split);
+  r.tile_end = min(num_tiles, r.tile_begin + per_split);
+  return r;
+}
+
+// Four consecutive output values of one row: the output itself (one split) or this split's part.
+template <typename T>
+__device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, int token, int head,
+                                          int d, float4 v) {
+  const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
+  if (p.num_splits == 1) {
+    T* dst = static_cast<T*>(p.out) + row * p.head_dim + d;
+    dst[0] = FromFloat<T>(v.x);
+    dst[1] = FromFloat<T>(v.y);
+    dst[2] = FromFloat<T>(v.z);
+    dst[3] = FromFloat<T>(v.w);
+  } else {
+    const int64_t split_row = static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row;
+    *reinterpret_cast<float4*>(p.partial_out + split_row * p.head_dim + d) = v;
+  }
+}
+
+__device__ __forceinline__ void StoreLse(const PagedAttentionParams& p, int token, int head,
+                                         float lse) {
+  if (p.num_splits == 1) return;
+  const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
+  p.partial_lse[static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row] = lse;
+}
+
+// A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts).
+template <typename T>
+__device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w) {
+  const int vecs = p.head_dim / 4;
+  const float nan = QuietNaN();
+  for (int i = threadIdx.x; i < w.rows * vecs; i += blockDim.x) {
+    const int r = i / vecs;
+    const int token = w.tok0 + r / p.heads_per_block;
+    const int head = w.head0 + r % p.heads_per_block;
+    StoreRow4<T>(p, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
+    if (i % vecs == 0) StoreLse(p, token, head, nan);
+  }
+}
+
+// Masked logit in the log2 domain (-inf when masked): scale, optional soft cap, causal + window.
+__device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float qk, int key, int pos,
+                                        bool row_ok) {
+  float x = qk * p.scale;
+  if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+  const bool keep =
+      row_ok && key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
+  return keep ? x * kLog2e : -INFINITY;
+}
+
+// Copies kBlockN keys (K and V of one kv head) of a tile into shared memory; keys at or past
+// key_end are zero-filled without reading global memory (their block_tables entries may be
+// unused), so masked V rows are finite.
+template <typename T, int kD, int kBlockN, int kLds>
+__device__ __forceinline__ void LoadKvTile(const PagedAttentionParams& p, const TileWork& w,
+                                           int key0, int key_end, T* s_k, T* s_v) {
+  constexpr int kChunk = 16 / sizeof(T);
+  constexpr int kChunksPerRow = kD / kChunk;
+  const T* kv = static_cast<const T*>(p.kv_cache);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
+  const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
+#pragma unroll 4
+  for (int c = threadIdx.x; c < kBlockN * kChunksPerRow; c += kThreads) {
+    const int key_local = c / kChunksPerRow;
+    const int col = (c % kChunksPerRow) * kChunk;
+    const int key = key0 + key_local;
+    const bool valid = key < key_end;
+    const T* src_k = kv;
+    if (valid) {
+      const int page = table[key / p.page_size];
+      const int64_t slot = static_cast<int64_t>(page) * p.page_size + key % p.page_size;
+      src_k = kv + slot * slot_stride + static_cast<int64_t>(2 * w.kv_head) * kD + col;
+    }
+    CpAsync16(s_k + key_local * kLds + col, src_k, valid ? 16 : 0);
+    CpAsync16(s_v + key_local * kLds + col, valid ? src_k + kD : kv, valid ? 16 : 0);
+  }
+}
+
+template <typename T, int kD, int kBlockRows, int kLds>
+__device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const TileWork& w,
+                                          T* s_q) {
+  constexpr int kChunk = 16 / sizeof(T);
+  constexpr int kChunksPerRow = kD / kChunk;
+  const T* q = static_cast<const T*>(p.query);
+  for (int c = threadIdx.x; c < kBlockRows * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow;
+    const int col = (c % kChunksPerRow) * kChunk;
+    const bool valid = r < w.rows;
+    const T* src = q;
+    if (valid) {
+      const int token = w.tok0 + r / p.heads_per_block;
+      const int head = w.head0 + r % p.heads_per_block;
+      src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + col;
+    }
+    CpAsync16(s_q + r * kLds + col, src, valid ? 16 : 0);
+  }
+}
+
+// ---------------------------------------------------------------- 2a. tensor-core kernel
+// kRowWarps x kKeyWarps = 4 warps. Warp (wm, wn) owns query rows [16 wm, 16 wm + 16) and keys
+// [wn * kBlockN / kKeyWarps, ...) of every tile; with kKeyWarps > 1 (decode) the warps' partial
+// softmax states are merged through shared memory at the end.
+template <int kD, int kRowWarps>
+struct MmaConfig {
+  static constexpr int kKeyWarps = 4 / kRowWarps;
+  static constexpr int kBlockN = 64;
+  static constexpr int kLds = kD + 8;  // +16 bytes per row: conflict-free ldmatrix
+  static constexpr int kBlockRows = 16 * kRowWarps;
+  static constexpr int kOutLds = kD + 4;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(kBlockRows + 4 * kBlockN) * kLds * 2;  // Q + 2 stages of K and V
+  static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 4 * kBlockN * kLds * 2,
+                "epilogue buffer must fit in the K/V buffers");
+};
+
+template <typename T, int kD, int kRowWarps>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
+  using Cfg = MmaConfig<kD, kRowWarps>;
+  constexpr int kKeyWarps = Cfg::kKeyWarps;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kLds = Cfg::kLds;
+  constexpr int kBlockRows = Cfg::kBlockRows;
+  constexpr int kKeysPerWarp = kBlockN / kKeyWarps;
+  constexpr int kScoreTiles = kKeysPerWarp / 8;
+  constexpr int kDSteps = kD / 16;
+  constexpr int kOutTiles = kD / 8;
+  constexpr int kKeySteps = kKeysPerWarp / 16;
+  constexpr bool kQInRegisters = kD <= 128;  // D=256 would not fit next to the accumulators
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);
+  T* s_k = s_q + kBlockRows * kLds;   // [2][kBlockN][kLds]
+  T* s_v = s_k + 2 * kBlockN * kLds;  // [2][kBlockN][kLds]
+  __shared__ float s_m[4][16], s_l[4][16];
+
+  TileWork w;
+  if (!FindTile(p, w)) return;
+  if (!w.seq_ok) {
+    PoisonRows<T>(p, w);
+    return;
+  }
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int wm = warp / kKeyWarps;
+  const int wn = warp % kKeyWarps;
+  const KeyRange range = SplitKeyRange<kBlockN>(p, w);
+
+  LoadQTile<T, kD, kBlockRows, kLds>(p, w, s_q);
+  CpAsyncCommit();
+  if (range.tile_begin < range.tile_end) {
+    LoadKvTile<T, kD, kBlockN, kLds>(p, w, range.key_base + range.tile_begin * kBlockN,
+                                     range.key_end, s_k, s_v);
+  }
+  CpAsyncCommit();
+
+  // This thread's two rows (g and g + 8 of the warp's 16): validity and absolute position.
+  bool row_ok[2];
+  int row_pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wm * 16 + lane / 4 + 8 * h;
+    row_ok[h] = r < w.rows;
+    row_pos[h] = w.kv_len - w.q_len + (w.tok0 + r / p.heads_per_block - w.q_start);
+  }
+  const bool warp_active = wm * 16 < w.rows;
+
+  CpAsyncWait<1>();
+  __syncthreads();
+  uint32_t q_frag[kQInRegisters ? kDSteps : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < kDSteps; ++ks) {
+      LdMatrixX4(q_frag[ks], s_q + (wm * 16 + lane % 16) * kLds + ks * 16 + (lane / 16) * 8);
+    }
+  }
+
+  float acc[kOutTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOutTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
+    const int stage = (tile - range.tile_begin) & 1;
+    if (tile + 1 < range.tile_end) {
+      LoadKvTile<T, kD, kBlockN, kLds>(p, w, range.key_base + (tile + 1) * kBlockN,
+                                       range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
+                                       s_v + (stage ^ 1) * kBlockN * kLds);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    if (warp_active) {
+      const T* k_tile = s_k + stage * kBlockN * kLds + wn * kKeysPerWarp * kLds;
+      const T* v_tile = s_v + stage * kBlockN * kLds + wn * kKeysPerWarp * kLds;
+      float s[kScoreTiles][4];
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kDSteps; ++ks) {
+        uint32_t a[4];
+        if constexpr (kQInRegisters) {
+          a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
+        } else {
+          LdMatrixX4(a, s_q + (wm * 16 + lane % 16) * kLds + ks * 16 + (lane / 16) * 8);
+        }
+#pragma unroll
+        for (int np = 0; np < kScoreTiles / 2; ++np) {
+          uint32_t b[4];
+          LdMatrixX4(b, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kLds + ks * 16 +
+                            ((lane / 8) % 2) * 8);
+          Mma16816<T>(s[2 * np], a, b[0], b[1]);
+          Mma16816<T>(s[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+      // Masked logits (log2 domain), then the online-softmax update of both rows.
+      const int key0 = range.key_base + tile * kBlockN + wn * kKeysPerWarp + 2 * (lane % 4);
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          s[nt][e] = Logit2(p, s[nt][e], key0 + nt * 8 + (e & 1), row_pos[h], row_ok[h]);
+          tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+        }
+      }
+      float base[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float new_max = fmaxf(row_max[h], tile_max[h]);
+        base[h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
+        const float rescale = exp2f(row_max[h] - base[h]);
+        row_max[h] = new_max;
+        row_sum[h] *= rescale;
+#pragma unroll
+        for (int i = 0; i < kOutTiles; ++i) {
+          acc[i][2 * h] *= rescale;
+          acc[i][2 * h + 1] *= rescale;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
+          row_sum[e >> 1] += s[nt][e];
+        }
+      }
+      // O += P V: the score accumulators are already in the A-operand layout.
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk) {
+        uint32_t a[4];
+        a[0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int np = 0; np < kOutTiles / 2; ++np) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kLds +
+                                 np * 16 + (lane / 16) * 8);
+          Mma16816<T>(acc[2 * np], a, b[0], b[1]);
+          Mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // Epilogue: every warp parks its state in shared memory (reusing the K/V buffers); threads then
+  // merge the key-warps of each row and store 4 consecutive values at a time.
+  constexpr int kOutLds = Cfg::kOutLds;
+  float* s_out = reinterpret_cast<float*>(s_k);  // [4 warps][16][kOutLds]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  if (warp_active) {
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + i * 8 + 2 * (lane % 4);
+        dst[0] = acc[i][2 * h];
+        dst[1] = acc[i][2 * h + 1];
+      }
+    }
+    if (lane % 4 == 0) {
+      s_m[warp][lane / 4] = row_max[0];
+      s_m[warp][lane / 4 + 8] = row_max[1];
+      s_l[warp][lane / 4] = row_sum[0];
+      s_l[warp][lane / 4 + 8] = row_sum[1];
+    }
+  }
+  __syncthreads();
+  constexpr int kVecs = kD / 4;
+  for (int i = threadIdx.x; i < w.rows * kVecs; i += kThreads) {
+    const int r = i / kVecs;
+    const int d = (i % kVecs) * 4;
+    const int row_warp = r / 16;
+    const int rr = r % 16;
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kKeyWarps; ++k) m = fmaxf(m, s_m[row_warp * kKeyWarps + k][rr]);
+    const float base = m == -INFINITY ? 0.0f : m;
+    float sum = 0.0f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < kKeyWarps; ++k) {
+      const int src_warp = row_warp * kKeyWarps + k;
+      const float weight = exp2f(s_m[src_warp][rr] - base);
+      sum += weight * s_l[src_warp][rr];
+      const float4 part =
+          *reinterpret_cast<const float4*>(s_out + (src_warp * 16 + rr) * kOutLds + d);
+      o.x += weight * part.x, o.y += weight * part.y;
+      o.z += weight * part.z, o.w += weight * part.w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+    const int token = w.tok0 + r / p.heads_per_block;
+    const int head = w.head0 + r % p.heads_per_block;
+    StoreRow4<T>(p, token, head, d, o);
+    if (d == 0) StoreLse(p, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+  }
+}
+
+// ---------------------------------------------------------------- 2b. f32 FMA kernel
+// 16 rows x kBlockN keys per tile; thread (r = tid / 8, j = tid % 8) computes the logits of row
+// r for keys j, j + 8, ... and the outputs of row r at columns j, j + 8, ... Exact f32 products
+// and sums (no TF32), so f32 reaches float64 references to ~1e-6.
+template <int kD>
+struct FmaConfig {
+  static constexpr int kBlockN = kD == 256 ? 16 : 32;
+  static constexpr int kLds = kD + 4;  // +16 bytes per row: conflict-free 16-byte reads
+  static constexpr int kBlockRows = 16;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(kBlockRows + 4 * kBlockN) * kLds * sizeof(float);
+};
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionFmaKernel(const __grid_constant__ PagedAttentionParams p) {
+  using Cfg = FmaConfig<kD>;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kLds = Cfg::kLds;
+  constexpr int kKeysPerThread = kBlockN / 8;
+  constexpr int kColsPerThread = kD / 8;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* s_q = reinterpret_cast<float*>(smem_raw);
+  float* s_k = s_q + Cfg::kBlockRows * kLds;
+  float* s_v = s_k + 2 * kBlockN * kLds;
+  __shared__ float s_p[16][kBlockN + 1];
+
+  TileWork w;
+  if (!FindTile(p, w)) return;
+  if (!w.seq_ok) {
+    PoisonRows<float>(p, w);
+    return;
+  }
+  const int r = threadIdx.x / 8;
+  const int j = threadIdx.x % 8;
+  const KeyRange range = SplitKeyRange<kBlockN>(p, w);
+  LoadQTile<float, kD, 16, kLds>(p, w, s_q);
+  CpAsyncCommit();
+  if (range.tile_begin < range.tile_end) {
+    LoadKvTile<float, kD, kBlockN, kLds>(p, w, range.key_base + range.tile_begin * kBlockN,
+                                         range.key_end, s_k, s_v);
+  }
+  CpAsyncCommit();
+  const bool row_ok = r < w.rows;
+  const int row_pos = w.kv_len - w.q_len + (w.tok0 + r / p.heads_per_block - w.q_start);
+
+  float acc[kColsPerThread];
+#pragma unroll
+  for (int c = 0; c < kColsPerThread; ++c) acc[c] = 0.0f;
+  float row_max = -INFINITY, row_sum = 0.0f;
+
+  for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
+    const int stage = (tile - range.tile_begin) & 1;
+    if (tile + 1 < range.tile_end) {
+      LoadKvTile<float, kD, kBlockN, kLds>(p, w, range.key_base + (tile + 1) * kBlockN,
+                                           range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
+                                           s_v + (stage ^ 1) * kBlockN * kLds);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const float* k_tile = s_k + stage * kBlockN * kLds;
+    const float* v_tile = s_v + stage * kBlockN * kLds;
+    float s[kKeysPerThread];
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i) s[i] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < kD; d += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(s_q + r * kLds + d);
+#pragma unroll
+      for (int i = 0; i < kKeysPerThread; ++i) {
+        const float4 k = *reinterpret_cast<const float4*>(k_tile + (j + 8 * i) * kLds + d);
+        s[i] = fmaf(q.x, k.x, s[i]);
+        s[i] = fmaf(q.y, k.y, s[i]);
+        s[i] = fmaf(q.z, k.z, s[i]);
+        s[i] = fmaf(q.w, k.w, s[i]);
+      }
+    }
+    const int key0 = range.key_base + tile * kBlockN + j;
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i) {
+      s[i] = Logit2(p, s[i], key0 + 8 * i, row_pos, row_ok);
+      tile_max = fmaxf(tile_max, s[i]);
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) {
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const float new_max = fmaxf(row_max, tile_max);
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    const float rescale = exp2f(row_max - base);
+    row_max = new_max;
+    row_sum *= rescale;
+#pragma unroll
+    for (int i = 0; i < kKeysPerThread; ++i) {
+      const float prob = exp2f(s[i] - base);
+      row_sum += prob;
+      s_p[r][j + 8 * i] = prob;
+    }
+    __syncwarp();  // a row's 8 threads are in one warp
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) acc[c] *= rescale;
+#pragma unroll 4
+    for (int key = 0; key < kBlockN; ++key) {
+      const float prob = s_p[r][key];
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        acc[c] = fmaf(prob, v_tile[key * kLds + j + 8 * c], acc[c]);
+      }
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int off = 1; off < 8; off <<= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
+  if (!row_ok) return;
+  const int token = w.tok0 + r / p.heads_per_block;
+  const int head = w.head0 + r % p.heads_per_block;
+  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  const int64_t out_row = static_cast<int64_t>(token) * p.num_q_heads + head;
+  if (p.num_splits == 1) {
+    float* dst = static_cast<float*>(p.out) + out_row * kD;
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
+  } else {
+    const int64_t split_row =
+        static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + out_row;
+    float* dst = p.partial_out + split_row * kD;
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
+    if (j == 0) p.partial_lse[split_row] = row_sum > 0.0f ? row_max + log2f(row_sum) : -INFINITY;
+  }
+}
+
+// ---------------------------------------------------------------- 3. split merge
+// One warp per (token, q head); rows no sequence owns keep the prep kernel's zeros.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionMergeKernel(const __grid_constant__ PagedAttentionParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  if (row >= num_rows || p.flags[0] == 0) return;
+  const int token = static_cast<int>(row / p.num_q_heads);
+  const int n = *p.num_seqs;
+  if (token < p.query_start_loc[0] || token >= p.query_start_loc[n]) return;
+  float m = -INFINITY;
+  bool has_nan = false;
+  for (int z = lane; z < p.num_splits; z += 32) {
+    const float lse = p.partial_lse[static_cast<int64_t>(z) * num_rows + row];
+    has_nan |= isnan(lse);
+    m = fmaxf(m, lse);
+  }
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  has_nan = __any_sync(0xffffffffu, has_nan);
+  const float base = m == -INFINITY ? 0.0f : m;
+  T* out = static_cast<T*>(p.out) + row * p.head_dim;
+  for (int d = lane * 4; d < p.head_dim; d += 128) {
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    float sum = 0.0f;
+    for (int z = 0; z < p.num_splits; ++z) {
+      const int64_t split_row = static_cast<int64_t>(z) * num_rows + row;
+      const float weight = exp2f(p.partial_lse[split_row] - base);
+      if (weight == 0.0f) continue;  // empty split: its part is never read
+      const float4 part = *reinterpret_cast<const float4*>(p.partial_out + split_row * p.head_dim + d);
+      sum += weight;
+      o.x += weight * part.x, o.y += weight * part.y;
+      o.z += weight * part.z, o.w += weight * part.w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float nan = QuietNaN();
+    out[d + 0] = FromFloat<T>(has_nan ? nan : o.x * inv);
+    out[d + 1] = FromFloat<T>(has_nan ? nan : o.y * inv);
+    out[d + 2] = FromFloat<T>(has_nan ? nan : o.z * inv);
+    out[d + 3] = FromFloat<T>(has_nan ? nan : o.w * inv);
+  }
+}
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_

@@ -1,0 +1,99 @@
+// paged_attention: the kernel parameter POD, the launch plan (tile shape and KV split count,
+// derived from STATIC shapes only so the workspace size is known at trace time) and the
+// workspace layout. Shared by the kernels, the launcher and xla_gpu_paged_attention_workspace_elems.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+
+#include <stdint.h>
+
+#include "xla_gpu_ops/c_api.h"
+
+namespace xgo {
+
+// Workspace (float32 elements), in this order:
+//   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent
+//   [kFlagsHeader, + round32(S))      one word per sequence slot: 1 if its metadata is consistent
+//   lse   [splits, T, Hq]             per-split log2-sum-exp (only when splits > 1)
+//   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
+constexpr int64_t kFlagsHeader = 32;
+constexpr int kThreads = 128;            // every attention block: 4 warps
+constexpr int kTargetBlocks = 1024;      // enough blocks to fill ~132 SMs several times over
+constexpr int64_t kMinSplitKeys = 256;   // a KV split below this costs more to merge than it saves
+constexpr int kMaxSplits = 128;
+
+struct PagedAttentionPlan {
+  bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
+  int row_warps;           // warps stacked over query rows (tensor-core kernel: 1 or 4)
+  int block_rows;          // query rows (token x head pairs) per block
+  int heads_per_block;     // q heads of one kv head handled together (divides the group size)
+  int tokens_per_tile;     // block_rows / heads_per_block
+  int64_t num_q_tiles;     // grid.x: static upper bound T / tokens_per_tile + S
+  int64_t num_head_blocks; // grid.y: Hq / heads_per_block
+  int num_splits;          // grid.z
+  int64_t lse_offset, out_offset, workspace_elems;
+};
+
+inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& c) {
+  PagedAttentionPlan p{};
+  p.tensor_cores = c.dtype != XGO_F32;
+  const int64_t group = c.num_q_heads / c.num_kv_heads;
+  // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
+  // Many (prefill): 4 warps x 16 rows, each warp over all keys.
+  const bool decode_like = c.num_tokens <= 2 * c.max_num_seqs;
+  p.row_warps = (p.tensor_cores && !decode_like) ? 4 : 1;
+  p.block_rows = 16 * p.row_warps;
+  int heads = 1;
+  for (int h = 16; h >= 1; --h) {
+    if (group % h == 0) {
+      heads = h;
+      break;
+    }
+  }
+  p.heads_per_block = heads;
+  p.tokens_per_tile = p.block_rows / heads;
+  p.num_q_tiles = c.num_tokens / p.tokens_per_tile + c.max_num_seqs;
+  p.num_head_blocks = c.num_q_heads / heads;
+  const int64_t blocks = p.num_q_tiles * p.num_head_blocks;
+  const int64_t capacity = c.pages_per_seq * c.page_size;
+  int64_t splits = (kTargetBlocks + blocks - 1) / blocks;
+  const int64_t by_length = (capacity + kMinSplitKeys - 1) / kMinSplitKeys;
+  if (splits > by_length) splits = by_length;
+  if (splits > kMaxSplits) splits = kMaxSplits;
+  if (splits < 1) splits = 1;
+  p.num_splits = static_cast<int>(splits);
+  p.lse_offset = kFlagsHeader + RoundUp(c.max_num_seqs, 32);
+  int64_t elems = p.lse_offset;
+  if (p.num_splits > 1) {
+    const int64_t rows = splits * c.num_tokens * c.num_q_heads;
+    p.out_offset = p.lse_offset + RoundUp(rows, 4);  // 16-byte aligned float4 rows
+    elems = p.out_offset + rows * c.head_dim;
+  } else {
+    p.out_offset = p.lse_offset;
+  }
+  p.workspace_elems = elems;
+  return p;
+}
+
+struct PagedAttentionParams {
+  const void* query;
+  const void* kv_cache;
+  const int32_t* context_lens;
+  const int32_t* block_tables;
+  const int32_t* query_start_loc;
+  const int32_t* num_seqs;
+  void* out;
+  int32_t* flags;       // workspace words [0, lse_offset)
+  float* partial_lse;   // [splits, T, Hq]
+  float* partial_out;   // [splits, T, Hq, D]
+  int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
+      pages_per_seq;
+  int group_size, heads_per_block, tokens_per_tile, num_splits;
+  int sliding_window;   // 0: off
+  float scale, soft_cap;  // soft_cap 0: off
+};
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_

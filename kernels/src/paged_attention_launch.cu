@@ -1,0 +1,222 @@
+// paged_attention: the plain C launcher and the workspace sizing (c_api.h). Static checks, then
+// prep -> attention -> (merge) on the caller's stream; no sync, no allocation, metadata never read
+// on the host. The plan (tile shape, KV splits) comes from static shapes only
+// (paged_attention_params.cuh), so the workspace size is known when a graph is traced.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <algorithm>
+
+#include "xla_gpu_ops/c_api.h"
+#include "xla_gpu_ops/config_check.h"
+#include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/paged_attention_kernels.cuh"
+#include "xla_gpu_ops/paged_attention_params.cuh"
+#include "xla_gpu_ops/status.h"
+
+namespace xgo {
+namespace {
+
+constexpr int64_t kMaxPrepBlocks = 1024;
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <typename Kernel>
+int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPlan& plan,
+                        const PagedAttentionParams& params, cudaStream_t stream) {
+  XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem_bytes)));
+  const dim3 grid(static_cast<unsigned>(plan.num_q_tiles),
+                  static_cast<unsigned>(plan.num_head_blocks),
+                  static_cast<unsigned>(plan.num_splits));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
+  XGO_CUDA_CHECK(cudaGetLastError());
+  return XGO_OK;
+}
+
+// Runtime head_dim and tile shape -> compile-time kernel.
+template <typename T>
+int32_t LaunchMma(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+                  cudaStream_t stream) {
+#define XGO_LAUNCH_MMA(D, RW)                                                               \
+  return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
+                         params, stream)
+  const bool row_tiles = plan.row_warps == 4;
+  switch (params.head_dim) {
+    case 64:
+      if (row_tiles) XGO_LAUNCH_MMA(64, 4);
+      XGO_LAUNCH_MMA(64, 1);
+    case 128:
+      if (row_tiles) XGO_LAUNCH_MMA(128, 4);
+      XGO_LAUNCH_MMA(128, 1);
+    case 256:
+      if (row_tiles) XGO_LAUNCH_MMA(256, 4);
+      XGO_LAUNCH_MMA(256, 1);
+  }
+#undef XGO_LAUNCH_MMA
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
+              params.head_dim);
+}
+
+int32_t LaunchFma(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+                  cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64:
+      return LaunchAttention(PagedAttentionFmaKernel<64>, FmaConfig<64>::kSmemBytes, plan, params,
+                             stream);
+    case 128:
+      return LaunchAttention(PagedAttentionFmaKernel<128>, FmaConfig<128>::kSmemBytes, plan,
+                             params, stream);
+    case 256:
+      return LaunchAttention(PagedAttentionFmaKernel<256>, FmaConfig<256>::kSmemBytes, plan,
+                             params, stream);
+  }
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
+              params.head_dim);
+}
+
+template <typename T>
+int32_t LaunchAll(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+                  cudaStream_t stream) {
+  const int64_t prep_blocks =
+      std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
+  PagedAttentionPrepKernel<T><<<static_cast<unsigned>(prep_blocks), kThreads, 0, stream>>>(params);
+  XGO_CUDA_CHECK(cudaGetLastError());
+  int32_t status;
+  if constexpr (sizeof(T) == 4) {
+    status = LaunchFma(plan, params, stream);
+  } else {
+    status = LaunchMma<T>(plan, params, stream);
+  }
+  if (status != XGO_OK) return status;
+  if (plan.num_splits > 1) {
+    const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
+    const int64_t rows_per_block = kThreads / 32;
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    PagedAttentionMergeKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+    XGO_CUDA_CHECK(cudaGetLastError());
+  }
+  return XGO_OK;
+}
+
+// Static checks beyond config_check.h that only this kernel needs (32-bit indexing of tokens,
+// heads and pages; grid limits).
+int32_t CheckKernelLimits(const XgoPagedAttentionConfig& c, const PagedAttentionPlan& plan) {
+  if (c.num_tokens > INT32_MAX / 2) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_tokens %lld is too large",
+                static_cast<long long>(c.num_tokens));
+  }
+  if (c.max_num_seqs > INT32_MAX / 2) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: context_lens: %lld sequences is too many",
+                static_cast<long long>(c.max_num_seqs));
+  }
+  if (plan.num_head_blocks > 65535) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads %lld is too large",
+                static_cast<long long>(c.num_q_heads));
+  }
+  if (c.num_q_heads * c.head_dim > INT32_MAX) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads * head_dim too large");
+  }
+  return XGO_OK;
+}
+
+}  // namespace
+}  // namespace xgo
+
+extern "C" XGO_EXPORT int64_t
+xla_gpu_paged_attention_workspace_elems(const XgoPagedAttentionConfig* config) {
+  if (config == nullptr) {
+    xgo::SetLastError("paged_attention: config: is NULL");
+    return -1;
+  }
+  if (xgo::CheckPagedAttentionConfig(*config) != XGO_OK) return -1;
+  const xgo::PagedAttentionPlan plan = xgo::MakePagedAttentionPlan(*config);
+  if (xgo::CheckKernelLimits(*config, plan) != XGO_OK) return -1;
+  return plan.workspace_elems;
+}
+
+extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
+    const XgoPagedAttentionConfig* config, const void* query, const void* kv_cache,
+    const int32_t* context_lens, const int32_t* block_tables, const int32_t* query_start_loc,
+    const int32_t* num_seqs, void* out, float* workspace, int64_t workspace_elems,
+    void* cuda_stream) {
+  using xgo::Fail;
+  if (config == nullptr) return Fail(XGO_INVALID_ARGUMENT, "paged_attention: config: is NULL");
+  const XgoPagedAttentionConfig& c = *config;
+  if (const XgoStatus status = xgo::CheckPagedAttentionConfig(c); status != XGO_OK) return status;
+  const xgo::PagedAttentionPlan plan = xgo::MakePagedAttentionPlan(c);
+  if (const int32_t status = xgo::CheckKernelLimits(c, plan); status != XGO_OK) return status;
+  if (workspace_elems < plan.workspace_elems) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: workspace: needs %lld float32 elements, got %lld",
+                static_cast<long long>(plan.workspace_elems),
+                static_cast<long long>(workspace_elems));
+  }
+  if (c.num_tokens == 0) return XGO_OK;  // empty batch: no rows to write
+  struct Named {
+    const char* name;
+    const void* ptr;
+  };
+  const Named pointers[] = {{"query", query},
+                            {"kv_cache", kv_cache},
+                            {"context_lens", context_lens},
+                            {"block_tables", block_tables},
+                            {"query_start_loc", query_start_loc},
+                            {"num_seqs", num_seqs},
+                            {"out", out},
+                            {"workspace", workspace}};
+  for (const Named& arg : pointers) {
+    if (arg.ptr == nullptr) {
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", arg.name);
+    }
+  }
+  // 16-byte cp.async and vector stores need aligned rows (every row is a multiple of 16 bytes).
+  for (const Named& arg : {pointers[0], pointers[1], pointers[6], pointers[7]}) {
+    if (!xgo::Aligned16(arg.ptr)) {
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be 16-byte aligned", arg.name);
+    }
+  }
+
+  xgo::PagedAttentionParams params{};
+  params.query = query;
+  params.kv_cache = kv_cache;
+  params.context_lens = context_lens;
+  params.block_tables = block_tables;
+  params.query_start_loc = query_start_loc;
+  params.num_seqs = num_seqs;
+  params.out = out;
+  params.flags = reinterpret_cast<int32_t*>(workspace);
+  params.partial_lse = workspace + plan.lse_offset;
+  params.partial_out = workspace + plan.out_offset;
+  params.num_tokens = static_cast<int>(c.num_tokens);
+  params.num_q_heads = static_cast<int>(c.num_q_heads);
+  params.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  params.head_dim = static_cast<int>(c.head_dim);
+  // block_tables are int32, so no page past INT32_MAX can be named anyway.
+  params.num_pages = static_cast<int>(std::min<int64_t>(c.num_pages, INT32_MAX));
+  params.page_size = static_cast<int>(c.page_size);
+  params.max_num_seqs = static_cast<int>(c.max_num_seqs);
+  params.pages_per_seq = static_cast<int>(c.pages_per_seq);
+  params.group_size = static_cast<int>(c.num_q_heads / c.num_kv_heads);
+  params.heads_per_block = plan.heads_per_block;
+  params.tokens_per_tile = plan.tokens_per_tile;
+  params.num_splits = plan.num_splits;
+  // A window longer than any context (int32) masks nothing, same as no window.
+  params.sliding_window = static_cast<int>(std::min<int64_t>(c.sliding_window, INT32_MAX));
+  params.scale = c.scale;
+  params.soft_cap = c.soft_cap;
+
+  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
+  switch (c.dtype) {
+    case XGO_F32:
+      return xgo::LaunchAll<float>(plan, params, stream);
+    case XGO_F16:
+      return xgo::LaunchAll<__half>(plan, params, stream);
+    case XGO_BF16:
+      return xgo::LaunchAll<__nv_bfloat16>(plan, params, stream);
+  }
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: dtype code %d is not f32/f16/bf16",
+              c.dtype);
+}

@@ -1,0 +1,271 @@
+"""CUDA kernels through xla_gpu_ops.torch_cuda against the float64 CPU reference.
+
+Every check draws fresh random inputs (the seed is in the failure message), never zeros; f32 must
+reach 1e-5 relative L2 (exact f32 arithmetic, no TF32), f16/bf16 1e-2 (16-bit P and V operands of
+the tensor cores). Bad metadata must give NaN rows, never a crash, hang or silent garbage.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
+
+from xla_gpu_ops import _library, reference
+
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not _library.is_built(), reason="needs libxla_gpu_ops.so (nox -s build)"),
+]
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+SPECS = {"decode": DECODE, "prefill": PREFILL, "mixed": MIXED}
+
+
+def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def run_cuda(inputs: dict[str, torch.Tensor], **attrs) -> torch.Tensor:
+    from xla_gpu_ops import torch_cuda
+
+    on_gpu = {name: t.cuda() for name, t in inputs.items()}
+    out = torch_cuda.paged_attention_cuda(**on_gpu, **attrs)
+    torch.cuda.synchronize()
+    return out.cpu()
+
+
+def check_against_reference(inputs, dtype, seed, **attrs) -> torch.Tensor:
+    expected = reference.paged_attention(**inputs, **attrs, compute_dtype=torch.float64)
+    out = run_cuda(inputs, **attrs)
+    assert out.dtype == dtype
+    assert out.shape == inputs["query"].shape
+    assert torch.isfinite(out).all(), f"non-finite output (seed {seed})"
+    error = rel_l2(out, expected)
+    assert error < TOLERANCE[dtype], f"relative L2 {error:.3g} (seed {seed})"
+    num_real = int(inputs["query_start_loc"][int(inputs["num_seqs"][0])])
+    assert (out[num_real:] == 0).all(), f"padding rows must be zeros (seed {seed})"
+    return out
+
+
+# ---------------------------------------------------------------------------- simple_add
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 4095, 1_000_003])
+def test_simple_add_matches_torch(dtype, size):
+    from xla_gpu_ops import torch_cuda
+
+    a = torch.randn(size, device="cuda").to(dtype)
+    b = torch.randn(size, device="cuda").to(dtype)
+    out = torch_cuda.simple_add_cuda(a, b)
+    torch.testing.assert_close(out, a + b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_simple_add_unaligned_and_strided(dtype):
+    from xla_gpu_ops import torch_cuda
+
+    base = torch.randn(2, 1001, device="cuda").to(dtype)
+    a, b = base[0, 1:], base[1, :-1]  # a is not 16-byte aligned
+    torch.testing.assert_close(torch_cuda.simple_add_cuda(a, b), a + b, rtol=0, atol=0)
+    m = torch.randn(64, 48, device="cuda").to(dtype)
+    torch.testing.assert_close(
+        torch_cuda.simple_add_cuda(m.t(), m.t()), m.t() + m.t(), rtol=0, atol=0
+    )
+
+
+def test_simple_add_rejects_cpu_and_mixed_dtypes():
+    from xla_gpu_ops import torch_cuda
+
+    a = torch.randn(8, device="cuda")
+    with pytest.raises(ValueError, match="b: must be a CUDA tensor"):
+        torch_cuda.simple_add_cuda(a, torch.randn(8))
+    with pytest.raises(TypeError, match="b: dtype"):
+        torch_cuda.simple_add_cuda(a, a.half())
+
+
+# ---------------------------------------------------------------------------- paged_attention
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_paged_attention_dtypes_head_dims(dtype, head_dim, kind):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3)
+    check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 5, 8, 16, 32, 128])
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads"), [(4, 4), (8, 4), (8, 2), (8, 1), (12, 4), (32, 2), (6, 6)]
+)
+def test_paged_attention_page_sizes_and_gqa(dtype, page_size, num_q_heads, num_kv_heads):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, num_q_heads, num_kv_heads, 128, page_size, dtype, seed,
+                               pad_tokens=2, extra_seqs=2)  # fmt: skip
+    check_against_reference(inputs, dtype, seed, scale=default_scale(128))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("sliding_window", "soft_cap"), [(7, None), (None, 5.0), (40, 2.0), (1, None), (100_000, None)]
+)
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_paged_attention_window_and_soft_cap(dtype, sliding_window, soft_cap, kind):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, dtype, seed, shared_prefix=True)
+    check_against_reference(inputs, dtype, seed, scale=0.3, sliding_window=sliding_window,
+                            soft_cap=soft_cap)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sliding_window", [None, 1000])
+def test_paged_attention_long_context_split_kv(dtype, sliding_window):
+    """Few sequences with long contexts: the launcher splits the KV range and merges the parts."""
+    seed = fresh_seed()
+    specs = ((1, 20_000), (1, 4_097), (3, 9_000))
+    inputs = make_paged_inputs(specs, 8, 2, 128, 16, dtype, seed, pad_tokens=1)
+    check_against_reference(inputs, dtype, seed, scale=default_scale(128),
+                            sliding_window=sliding_window)  # fmt: skip
+
+
+def test_paged_attention_128k_context_decode():
+    seed = fresh_seed()
+    inputs = make_paged_inputs(((1, 131_072),), 8, 1, 128, 16, torch.bfloat16, seed)
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_long_prefill(dtype):
+    seed = fresh_seed()
+    specs = ((1000, 1500), (300, 300), (1, 2000))
+    inputs = make_paged_inputs(specs, 4, 2, 128, 32, dtype, seed, shared_prefix=True)
+    check_against_reference(inputs, dtype, seed, scale=default_scale(128))
+
+
+def test_paged_attention_many_sequences():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    contexts = torch.randint(1, 300, (1024,), generator=gen).tolist()
+    specs = tuple((1 if i % 7 else min(ctx, 5), ctx) for i, ctx in enumerate(contexts))
+    inputs = make_paged_inputs(specs, 8, 2, 128, 16, torch.bfloat16, seed)
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
+
+
+def test_paged_attention_empty_sequences_and_zero_num_seqs():
+    seed = fresh_seed()
+    inputs = make_paged_inputs(((0, 10), (4, 9), (0, 3), (1, 30)), 4, 2, 64, 8, torch.bfloat16, seed,
+                               pad_tokens=2)  # fmt: skip
+    check_against_reference(inputs, torch.bfloat16, seed, scale=0.2)
+    inputs["num_seqs"] = torch.tensor([0], dtype=torch.int32)
+    out = run_cuda(inputs, scale=0.2)
+    assert (out == 0).all(), "with num_seqs = 0 every row is padding"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_is_deterministic(dtype):
+    """Two runs on the same inputs agree bit for bit (a moving result would mean a race)."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(((1, 5000), (30, 700), (1, 64)), 8, 2, 128, 16, dtype, seed)
+    first, second = run_cuda(inputs, scale=0.1), run_cuda(inputs, scale=0.1)
+    assert torch.equal(first, second), f"seed {seed}"
+
+
+def test_paged_attention_noncontiguous_inputs():
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.bfloat16, seed)
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64)
+    q = inputs["query"]
+    inputs["query"] = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype).transpose(0, 1)
+    inputs["query"].copy_(q)
+    assert not inputs["query"].is_contiguous()
+    assert rel_l2(run_cuda(inputs, scale=0.2), expected) < 1e-2
+
+
+# ---------------------------------------------------------------------------- bad metadata
+def _bad_inputs(seed: int) -> dict[str, torch.Tensor]:
+    return make_paged_inputs(((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, torch.bfloat16,
+                             seed, pad_tokens=2)  # fmt: skip
+
+
+def _rows_of(inputs, seq: int) -> slice:
+    starts = inputs["query_start_loc"]
+    return slice(int(starts[seq]), int(starts[seq + 1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_seqs", [-1, 5, 1 << 30])
+def test_bad_num_seqs_poisons_every_row(dtype, num_seqs):
+    inputs = make_paged_inputs(((2, 40), (1, 17)), 4, 2, 64, 16, dtype, fresh_seed())
+    inputs["num_seqs"] = torch.tensor([num_seqs], dtype=torch.int32)
+    assert run_cuda(inputs, scale=0.2).isnan().all()
+
+
+def test_non_monotone_query_start_loc_poisons_every_row():
+    inputs = _bad_inputs(fresh_seed())
+    inputs["query_start_loc"][2] = 1  # [0, 2, 1, ...]: the row partition is broken
+    assert run_cuda(inputs, scale=0.2).isnan().all()
+
+
+def test_query_start_loc_past_num_tokens_poisons_every_row():
+    inputs = _bad_inputs(fresh_seed())
+    inputs["query_start_loc"][4] = 10_000
+    assert run_cuda(inputs, scale=0.2).isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "corruption",
+    [
+        "context_too_long",
+        "negative_context",
+        "q_longer_than_context",
+        "page_out_of_range",
+        "negative_page",
+    ],
+)
+def test_bad_sequence_gets_nan_rows_others_stay_right(dtype, corruption):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, dtype, seed,
+                               pad_tokens=2)  # fmt: skip
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64)
+    bad = 1
+    if corruption == "context_too_long":
+        inputs["context_lens"][bad] = inputs["block_tables"].shape[1] * 16 + 1
+    elif corruption == "negative_context":
+        inputs["context_lens"][bad] = -5
+    elif corruption == "q_longer_than_context":
+        inputs["context_lens"][bad] = 0
+    elif corruption == "page_out_of_range":
+        inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
+    else:
+        inputs["block_tables"][bad, 0] = -1
+    out = run_cuda(inputs, scale=0.2)
+    rows = _rows_of(inputs, bad)
+    assert out[rows].isnan().all(), f"seed {seed}"
+    good = torch.ones(out.shape[0], dtype=torch.bool)
+    good[rows] = False
+    assert torch.isfinite(out[good]).all(), f"seed {seed}"
+    assert rel_l2(out[good], expected[good]) < TOLERANCE[dtype], f"seed {seed}"
+
+
+def test_static_errors_name_the_argument():
+    from xla_gpu_ops import torch_cuda
+
+    inputs = {n: t.cuda() for n, t in _bad_inputs(fresh_seed()).items()}
+    with pytest.raises(ValueError, match="kv_cache: must be a CUDA tensor"):
+        torch_cuda.paged_attention_cuda(
+            **{**inputs, "kv_cache": inputs["kv_cache"].cpu()}, scale=1.0
+        )
+    with pytest.raises(TypeError, match="kv_cache: dtype"):
+        torch_cuda.paged_attention_cuda(
+            **{**inputs, "kv_cache": inputs["kv_cache"].half()}, scale=1.0
+        )
+    q = inputs["query"][..., :32].contiguous()
+    kv = inputs["kv_cache"][..., :32].contiguous()
+    with pytest.raises(ValueError, match="head_dim"):
+        torch_cuda.paged_attention_cuda(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)
+    with pytest.raises(ValueError, match="soft_cap"):
+        torch_cuda.paged_attention_cuda(**inputs, scale=1.0, soft_cap=-1.0)

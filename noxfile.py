@@ -140,8 +140,12 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def lock(session: nox.Session) -> None:
-    """Regenerate every locks/*.txt (with hashes) from its locks/*.in."""
-    session.install("uv")
+    """Regenerate every locks/*.txt (with hashes) from its locks/*.in.
+
+    Existing pins are kept (uv prefers the versions already in the .txt); to move one, edit its
+    .in or delete the .txt first.
+    """
+    install_lock(session, "bootstrap")  # uv itself, hash-checked
     for source in sorted(LOCKS.glob("*.in")):
         session.run(
             "uv", "pip", "compile", "--quiet", "--generate-hashes",

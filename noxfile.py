@@ -146,7 +146,8 @@ def lock(session: nox.Session) -> None:
     .in or delete the .txt first.
     """
     install_lock(session, "bootstrap")  # uv itself, hash-checked
-    for source in sorted(LOCKS.glob("*.in")):
+    session.chdir(ROOT)  # relative paths: the command in each lock's header stays the same
+    for source in sorted(path.relative_to(ROOT) for path in LOCKS.glob("*.in")):
         session.run(
             "uv", "pip", "compile", "--quiet", "--generate-hashes",
             "--python-version", PYTHON, "--python-platform", LOCK_PLATFORM,

@@ -11,7 +11,7 @@
 # nvcc (/usr/local/cuda/bin) for hosts with older drivers; see docs/ENVIRONMENT.md.
 # Build args:
 #   XLA_GPU_OPS_CUDA_ARCHS  CUDA archs for `nox -s build` (noxfile default "80;86;89;90a";
-#                           "90a" alone builds 4x faster for an H100/H200-only image)
+#                           "90a" alone: one arch instead of four, for an H100/H200-only image)
 #   USER_UID / USER_GID     uid/gid of the non-root user, to match the owner of a bind-mounted checkout
 
 # Pinned by tag. No cuDNN flavour: torch and jax bring their own cuDNN wheels from the lock.

@@ -54,21 +54,30 @@ print(json.dumps({"cu13": str(cu13), "nvcc": str(cu13 / "bin" / "nvcc"),
 def build(session: nox.Session) -> None:
     """Build kernels/ with CMake + Ninja (nvcc from the lock); install the .so into xla_gpu_ops/_lib.
 
-    Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS.
+    Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS;
+    compiler: XLA_GPU_OPS_NVCC (default: the CUDA 13 nvcc wheel from locks/build.txt).
     Extra arguments go to `cmake --build`.
     """
     install_lock(session, "build")
-    tools = json.loads(session.run("python", "-c", _TOOLCHAIN_PROBE, silent=True).strip())
+    probe = session.run("python", "-c", _TOOLCHAIN_PROBE, silent=True)
+    if probe is None:  # --install-only: the toolchain is installed, nothing to build
+        return
+    tools = json.loads(probe.strip())
+    # A system nvcc (e.g. CUDA 12.x for drivers older than R580) may be chosen explicitly.
+    nvcc = os.environ.get("XLA_GPU_OPS_NVCC", tools["nvcc"])
     archs = cuda_archs()
     build_dir = ROOT / "build" / ("sm_" + archs.replace(";", "-"))
+    if "XLA_GPU_OPS_NVCC" in os.environ:  # CMake cannot switch compilers inside one build dir
+        build_dir = build_dir.with_name(build_dir.name + "-system-nvcc")
     # The wheel's nvcc.profile points at lib64; its static cudart is in lib.
     env = {"LIBRARY_PATH": str(Path(tools["cu13"]) / "lib")}
     session.run(
         "cmake", "-G", "Ninja", "-S", str(ROOT / "kernels"), "-B", str(build_dir),
         "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_COMPILER={tools['nvcc']}",
+        f"-DCMAKE_CUDA_COMPILER={nvcc}",
         f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
         f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
+        "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",  # for clangd in the dev container
         "--log-level=WARNING",
         env=env,
     )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Benchmark harness: python -m benchmarks.run (see benchmarks/run.py)."""

@@ -1,0 +1,281 @@
+"""Benchmark cases: shapes, the bytes and FLOPs each must move, and random device inputs.
+
+A case is a ragged batch in the torch_xla ragged_paged_attention layout (docs/DESIGN.md): one
+(q_len, context_len) per sequence. Decode rows have q_len 1; prefill rows q_len == context_len
+(causal); the mixed row holds both. The "overhead" kind times simple_add / a small decode inside
+an XLA program against the same kernel launched eagerly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ANCHOR = "decode_B32_ctx4k_h32-8_d128_p16"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str  # "decode" | "mixed" | "prefill" | "simple_add" | "overhead_decode"
+    seqs: tuple[tuple[int, int], ...] = ()  # (q_len, context_len) per sequence
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    dtype: str = "bfloat16"
+    num_elements: int = 0  # simple_add only
+    slow_peers: bool = False  # run every peer (slow ones included) on this case
+    tags: tuple[str, ...] = field(default=())
+
+    # ---- shape facts
+    @property
+    def batch(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(q for q, _ in self.seqs)
+
+    @property
+    def uniform(self) -> bool:
+        """All sequences share one (q_len, context_len): dense peers apply without masks."""
+        return len(set(self.seqs)) == 1
+
+    @property
+    def elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_token_bytes(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * self.elem_bytes
+
+    @property
+    def pages_per_seq(self) -> int:
+        return max(-(-ctx // self.page_size) for _, ctx in self.seqs)
+
+    @property
+    def num_pages_used(self) -> int:
+        return sum(-(-ctx // self.page_size) for _, ctx in self.seqs)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the allocated cache (whole pages, plus the spare pages the builder adds)."""
+        return (self.num_pages_used + SPARE_PAGES) * self.page_size * self.kv_token_bytes
+
+    def bytes_needed(self) -> int:
+        """The fewest bytes the op must move: each needed KV token, q and out once, metadata."""
+        if self.kind == "simple_add":
+            return 3 * self.num_elements * self.elem_bytes
+        kv = sum(ctx for _, ctx in self.seqs) * self.kv_token_bytes
+        q_out = 2 * self.num_tokens * self.num_q_heads * self.head_dim * self.elem_bytes
+        metadata = 4 * (self.num_pages_used + 2 * self.batch + 2)
+        return kv + q_out + metadata
+
+    def flops(self) -> int:
+        """2 FLOPs per multiply-add, QK^T and PV, over the causal (query, key) pairs only."""
+        if self.kind == "simple_add":
+            return self.num_elements
+        pairs = 0
+        for q_len, ctx in self.seqs:
+            # row r (0-based) sees ctx - q_len + r + 1 keys
+            pairs += q_len * (ctx - q_len) + q_len * (q_len + 1) // 2
+        return 4 * pairs * self.num_q_heads * self.head_dim
+
+    def params(self) -> dict:
+        if self.kind == "simple_add":
+            return {"num_elements": self.num_elements, "dtype": self.dtype}
+        contexts = [ctx for _, ctx in self.seqs]
+        return {
+            "batch": self.batch,
+            "num_tokens": self.num_tokens,
+            "context_min": min(contexts),
+            "context_max": max(contexts),
+            "num_q_heads": self.num_q_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "page_size": self.page_size,
+            "dtype": self.dtype,
+        }
+
+
+SPARE_PAGES = 3
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def decode_case(batch: int, context: int, heads: tuple[int, int], head_dim=128, page_size=16,
+                slow_peers=False, tags=()) -> Case:  # fmt: skip
+    hq, hkv = heads
+    name = f"decode_B{batch}_ctx{_k(context)}_h{hq}-{hkv}_d{head_dim}_p{page_size}"
+    return Case(name, "decode", ((1, context),) * batch, hq, hkv, head_dim, page_size,
+                slow_peers=slow_peers or name == ANCHOR, tags=tuple(tags))  # fmt: skip
+
+
+def mixed_case(seed: int = 1234) -> Case:
+    """4 prefills of 512–2k tokens + 60 decodes over 1k–8k contexts (fixed seed: reproducible)."""
+    rng = random.Random(seed)
+    prefills = [(n, n) for n in (rng.randrange(512, 2049) for _ in range(4))]
+    decodes = [(1, rng.randrange(1024, 8193)) for _ in range(60)]
+    seqs = prefills + decodes
+    rng.shuffle(seqs)
+    return Case("mixed_4prefill_60decode_h32-8_d128_p16", "mixed", tuple(seqs), slow_peers=True)
+
+
+def prefill_case(batch: int, length: int) -> Case:
+    return Case(f"prefill_B{batch}_len{_k(length)}_h32-8_d128_p16", "prefill",
+                ((length, length),) * batch, slow_peers=True)  # fmt: skip
+
+
+def overhead_cases() -> list[Case]:
+    return [
+        Case("overhead_simple_add_1M_bf16", "simple_add", num_elements=1 << 20, slow_peers=True),
+        Case(
+            "overhead_decode_B1_ctx1k_h32-8_d128_p16",
+            "overhead_decode",
+            ((1, 1024),),
+            slow_peers=True,
+        ),
+    ]
+
+
+BATCHES = (1, 8, 32, 128)
+CONTEXTS = (1024, 4096, 16384, 65536)
+HEADS = ((32, 8), (64, 8), (32, 32))
+
+
+def all_cases(quick: bool) -> list[Case]:
+    """Full grid, or the reduced grid of --quick (it keeps the anchor and every kind)."""
+    decode: list[Case] = []
+    if quick:
+        decode += [
+            decode_case(32, 4096, (32, 8)),  # anchor
+            decode_case(1, 65536, (32, 8), slow_peers=True),
+            decode_case(32, 1024, (32, 8), slow_peers=True),
+            decode_case(8, 16384, (64, 8)),
+            decode_case(32, 4096, (32, 32)),
+            decode_case(32, 4096, (32, 8), page_size=64, slow_peers=True),
+            decode_case(32, 4096, (32, 8), head_dim=64),
+            decode_case(32, 4096, (32, 8), head_dim=256),
+        ]
+    else:
+        for heads in HEADS:
+            for batch in BATCHES:
+                for context in CONTEXTS:
+                    slow = heads == (32, 8) and (batch, context) in (
+                        (1, 65536),
+                        (32, 1024),
+                        (8, 16384),
+                    )
+                    decode.append(decode_case(batch, context, heads, slow_peers=slow))
+        decode += [
+            decode_case(32, 4096, (32, 8), page_size=64, slow_peers=True),
+            decode_case(32, 4096, (32, 8), head_dim=64),
+            decode_case(32, 4096, (32, 8), head_dim=256),
+        ]
+    return [*decode, mixed_case(), prefill_case(1, 8192), prefill_case(8, 2048), *overhead_cases()]
+
+
+def smoke_cases() -> list[Case]:
+    """Tiny shapes for the CPU smoke run: every kind, so every harness code path runs."""
+    return [
+        Case(
+            "smoke_decode_B4_ctx100_h4-2_d64_p16",
+            "decode",
+            ((1, 100),) * 4,
+            4,
+            2,
+            64,
+            16,
+            slow_peers=True,
+        ),
+        Case(
+            "smoke_mixed_h4-2_d64_p16",
+            "mixed",
+            ((17, 17), (1, 50), (1, 90), (5, 5)),
+            4,
+            2,
+            64,
+            16,
+            slow_peers=True,
+        ),
+        Case(
+            "smoke_prefill_B2_len32_h4-2_d64_p16",
+            "prefill",
+            ((32, 32),) * 2,
+            4,
+            2,
+            64,
+            16,
+            slow_peers=True,
+        ),
+        Case(
+            "smoke_simple_add_4k", "simple_add", num_elements=4096, dtype="float32", slow_peers=True
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------- inputs
+def num_copies(case: Case, l2_bytes: int, cap: int) -> int:
+    """Input copies to rotate over so the working set is at least 2.5x the L2 cache."""
+    per_copy = case.bytes_needed()
+    return max(1, min(cap, math.ceil(2.5 * l2_bytes / max(per_copy, 1))))
+
+
+def build_inputs(case: Case, device, seed: int, metadata=None) -> dict:
+    """Random operands on `device` (torch); pages in shuffled order; never zeros.
+
+    `metadata` (the int32 tensors of an earlier copy) is reused when given, so copies differ in
+    q and KV only.
+    """
+    import torch
+
+    dtype = getattr(torch, case.dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    if case.kind == "simple_add":
+        a = torch.randn(case.num_elements, generator=gen, device=device, dtype=torch.float32)
+        b = torch.randn(case.num_elements, generator=gen, device=device, dtype=torch.float32)
+        return {"a": a.to(dtype), "b": b.to(dtype)}
+    num_pages = case.num_pages_used + SPARE_PAGES
+    if metadata is None:
+        metadata = _build_metadata(case, num_pages, seed)
+        metadata = {k: v.to(device) for k, v in metadata.items()}
+    query = torch.randn((case.num_tokens, case.num_q_heads, case.head_dim), generator=gen,
+                        device=device, dtype=dtype)  # fmt: skip
+    kv_cache = torch.randn((num_pages, case.page_size, 2 * case.num_kv_heads, case.head_dim),
+                           generator=gen, device=device, dtype=dtype)  # fmt: skip
+    return {"query": query, "kv_cache": kv_cache, **metadata}
+
+
+def _build_metadata(case: Case, num_pages: int, seed: int) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    physical = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    block_tables = torch.randint(0, num_pages, (case.batch, case.pages_per_seq), generator=gen,
+                                 dtype=torch.int32)  # fmt: skip
+    next_page = 0
+    for i, (_, ctx) in enumerate(case.seqs):
+        n = -(-ctx // case.page_size)
+        block_tables[i, :n] = physical[next_page : next_page + n]
+        next_page += n
+    starts = [0]
+    for q_len, _ in case.seqs:
+        starts.append(starts[-1] + q_len)
+    return {
+        "context_lens": torch.tensor([ctx for _, ctx in case.seqs], dtype=torch.int32),
+        "block_tables": block_tables,
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32),
+        "num_seqs": torch.tensor([case.batch], dtype=torch.int32),
+    }
+
+
+OPERANDS = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
+
+
+def scale_of(case: Case) -> float:
+    return 1.0 / math.sqrt(case.head_dim)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The benchmark on the lent GPU machine (device tool), from the repository root:
+#   XLA_GPU_OPS_GIT_COMMIT=<sha> bash benchmarks/device_bench.sh [--quick] [benchmarks.run args]
+# carry: [".whl", "xla_gpu_ops/_lib/libxla_gpu_ops.so"]. Installs the carried wheels (torchax),
+# runs `python3 -m benchmarks.run --out $OUT/bench`, and leaves 5 files under $OUT/bench
+# (results.json, table.md, plot.png, env.json, run.log): the device tool returns at most 8.
+set -uo pipefail
+
+OUT="${OUT:-/tmp/xgo-bench-out}"
+mkdir -p "$OUT/bench"
+LOG="$OUT/bench/run.log"
+
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  # no network there: the wheels come with the call, without their dependencies
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -3
+  export PYTHONPATH=/tmp/site:.
+fi
+if [ ! -f xla_gpu_ops/_lib/libxla_gpu_ops.so ]; then
+  echo "WARNING: xla_gpu_ops/_lib/libxla_gpu_ops.so was not carried: our implementations will fail"
+fi
+
+{
+  echo "== $(date -u +%FT%TZ) commit=${XLA_GPU_OPS_GIT_COMMIT:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv 2>&1
+} | tee "$LOG"
+
+start=$(date +%s)
+python3 -m benchmarks.run --out "$OUT/bench" "$@" 2>&1 | tee -a "$LOG" | grep -v "cases:" 
+status=${PIPESTATUS[0]}
+echo "== benchmarks.run exit status $status after $(( $(date +%s) - start )) s" | tee -a "$LOG"
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
+ls -la "$OUT/bench"
+exit "$status"

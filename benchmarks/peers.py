@@ -1,0 +1,476 @@
+"""Implementations under test: ours through each front end, and the peers we compare against.
+
+Each `prepare_<impl>(env, case, copies)` returns a Runner built from the case's input copies
+(torch tensors, see cases.build_inputs) or raises NotApplicable (the impl does not cover this
+case) / any other exception (recorded as "failed: <reason>"; the run goes on).
+
+Ours:   xgo_torch          C launcher through ctypes, eager torch (xla_gpu_ops.torch_cuda)
+        xgo_torch_nograph  the same, timed as a plain eager loop (launch cost included)
+        xgo_jax_graph      jax.ffi custom call in a jitted program, CUDA graphs on
+                           (command buffers incl. CUSTOM_CALL, min graph size 1)
+        xgo_jax_nograph    the same with command buffers off (--xla_gpu_enable_command_buffer=)
+        xgo_torchax        torch.ops.xla_gpu.* lowered by torchax, jitted (graph options as above)
+Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the same data
+        torch_gather_sdpa      gather the pages, then SDPA (gather inside the timed region)
+        torch_flex_paged       FlexAttention over the paged cache (BlockMask from the page table)
+        jax_pallas_paged       jax.experimental.pallas.ops.gpu.paged_attention (decode)
+        jax_composite          XLA-native gather + einsum + softmax (decode)
+        reference              xla_gpu_ops.reference on the CPU (smoke runs only)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.cases import OPERANDS, Case, scale_of
+
+# XLA options per compile (jax.jit compiler_options). XLA's defaults (jax 0.11 / XLA 2026) record
+# FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN into command buffers but only for regions of at
+# least 5 commands (xla_gpu_graph_min_graph_size), so a program of one custom call would never be
+# captured; min size 1 captures it. An empty command-buffer list turns CUDA graphs off.
+GRAPH_OPTIONS = {
+    "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN",
+    "xla_gpu_graph_min_graph_size": 1,
+}
+NOGRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+
+
+class NotApplicable(Exception):
+    pass
+
+
+@dataclass
+class Runner:
+    """What the timers need. torch: `calls`, one per copy. jax: a chained program."""
+
+    framework: str  # "torch" | "jax"
+    output: Callable[[], Any]  # canonical output of copy 0: torch float32 CPU tensor
+    calls: list[Callable[[], Any]] = field(default_factory=list)
+    program: Callable | None = None
+    first_carry: Any = None
+    operand_sets: Any = None
+    chain: int = 0
+    graph: bool = True  # torch: capture the calls in a CUDA graph
+    notes: str = ""
+    compile_for_dump: Callable[[dict], Any] | None = None  # jax: compile with extra options
+
+
+class BenchEnv:
+    """Devices and lazily imported frameworks shared by every implementation."""
+
+    def __init__(self, on_gpu: bool):
+        import torch
+
+        self.on_gpu = on_gpu
+        self.device = torch.device("cuda" if on_gpu else "cpu")
+        self._jax = None
+
+    @property
+    def jax(self):
+        if self._jax is None:
+            import jax
+
+            self._jax = jax
+        return self._jax
+
+    def to_jax(self, tensor):
+        return self.jax.dlpack.from_dlpack(tensor.contiguous())
+
+    def to_torch_cpu(self, array):
+        import numpy as np
+        import torch
+
+        array = self.jax.device_get(array)
+        return torch.from_numpy(np.asarray(array, dtype=np.float32))
+
+
+def _paged_kind(case: Case) -> str:
+    return "decode" if case.kind == "overhead_decode" else case.kind
+
+
+def _canon(tensor):
+    return tensor.detach().float().cpu()
+
+
+# ------------------------------------------------------------------------------ ours: torch
+def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool = True) -> Runner:
+    if not env.on_gpu:
+        raise NotApplicable("needs a CUDA GPU (C launcher)")
+    from xla_gpu_ops import torch_cuda
+
+    if case.kind == "simple_add":
+
+        def make(c):
+            return lambda: torch_cuda.simple_add_cuda(c["a"], c["b"])
+    else:
+        scale = scale_of(case)
+
+        def make(c):
+            args = [c[name] for name in OPERANDS]
+            return lambda: torch_cuda.paged_attention_cuda(*args, scale)
+
+    calls = [make(c) for c in copies]
+    return Runner("torch", lambda: _canon(calls[0]()), calls=calls, graph=graph)
+
+
+def prepare_xgo_torch_nograph(env, case, copies):
+    return prepare_xgo_torch(env, case, copies, graph=False)
+
+
+# ------------------------------------------------------------------------------ jax programs
+def _chain_program(env: BenchEnv, op: Callable, num_sets: int, chain: int, options: dict | None):
+    """jit(program(carry, sets)): `chain` calls of op, each reading set i % num_sets."""
+
+    def program(carry, sets):
+        for i in range(chain):
+            carry = op(carry, sets[i % num_sets])
+        return carry
+
+    if options:
+        return env.jax.jit(program, compiler_options=options)
+    return env.jax.jit(program)
+
+
+def _jax_runner(env: BenchEnv, op: Callable, carry0, sets: list, options: dict | None,
+                notes: str = "") -> Runner:  # fmt: skip
+    jax = env.jax
+    chain = max(len(sets), 4)
+    program = _chain_program(env, op, len(sets), chain, options)
+    single = jax.jit(lambda c, s: op(c, s), **({"compiler_options": options} if options else {}))
+
+    def output():
+        return env.to_torch_cpu(single(carry0, sets[0]))
+
+    def compile_for_dump(extra: dict):
+        merged = {**(options or {}), **extra}
+        return _chain_program(env, op, len(sets), chain, merged).lower(carry0, sets).compile()
+
+    return Runner("jax", output, program=program, first_carry=carry0, operand_sets=sets,
+                  chain=chain, notes=notes, compile_for_dump=compile_for_dump)  # fmt: skip
+
+
+def _first(result):
+    return result[0] if isinstance(result, tuple | list) else result
+
+
+# ------------------------------------------------------------------------------ ours: jax
+def _xgo_jax_op(env: BenchEnv, case: Case):
+    from xla_gpu_ops import jax as xgo_jax
+
+    if case.kind == "simple_add":
+        return lambda a, b: _first(xgo_jax.simple_add(a, b))
+    scale = scale_of(case)
+    return lambda q, s: _first(xgo_jax.paged_attention(q, *s, scale=scale))
+
+
+def _jax_sets(env: BenchEnv, case: Case, copies: list[dict]):
+    if case.kind == "simple_add":
+        return env.to_jax(copies[0]["a"]), [env.to_jax(c["b"]) for c in copies]
+    sets = [tuple(env.to_jax(c[name]) for name in OPERANDS[1:]) for c in copies]
+    return env.to_jax(copies[0]["query"]), sets
+
+
+def prepare_xgo_jax_graph(env, case, copies):
+    carry, sets = _jax_sets(env, case, copies)
+    return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, GRAPH_OPTIONS,
+                       "CUDA graphs on (command buffer incl. CUSTOM_CALL, min graph size 1)")  # fmt: skip
+
+
+def prepare_xgo_jax_nograph(env, case, copies):
+    carry, sets = _jax_sets(env, case, copies)
+    return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, NOGRAPH_OPTIONS,
+                       "CUDA graphs off (xla_gpu_enable_command_buffer='')")  # fmt: skip
+
+
+def prepare_xgo_torchax(env, case, copies):
+    import torch
+    import torchax
+    import torchax.interop
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+    if case.kind == "simple_add":
+        jax_fn = torchax.interop.jax_view(lambda a, b: torch.ops.xla_gpu.simple_add(a, b))
+        op = jax_fn
+    else:
+        scale = scale_of(case)
+
+        def torch_fn(q, kv, lens, tables, starts, n):
+            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale)
+
+        jax_fn = torchax.interop.jax_view(torch_fn)
+
+        def op(q, s):
+            return jax_fn(q, *s)
+
+    carry, sets = _jax_sets(env, case, copies)
+    return _jax_runner(env, op, carry, sets, GRAPH_OPTIONS, "torchax jax_view, jitted, graphs on")
+
+
+# ------------------------------------------------------------------------------ torch peers
+def _dense_layout(case: Case, c: dict):
+    """(q [B, Hq, q_len, D], long block table, pages per seq) of a uniform batch."""
+    if not case.uniform:
+        raise NotApplicable("ragged batch: dense layout needs one shape per batch")
+    q_len, ctx = case.seqs[0]
+    q4 = c["query"].view(case.batch, q_len, case.num_q_heads, case.head_dim).transpose(1, 2)
+    npp = -(-ctx // case.page_size)
+    return q4, c["block_tables"][:, :npp].long(), npp
+
+
+def _gather_kv(case: Case, c: dict, tables, npp: int):
+    """K, V as [B, Hkv, ctx, D] views of the gathered pages."""
+    _, ctx = case.seqs[0]
+    pages = c["kv_cache"][tables]  # [B, npp, page, 2Hkv, D]
+    kv = pages.view(case.batch, npp * case.page_size, 2 * case.num_kv_heads, case.head_dim)
+    kv = kv[:, :ctx]
+    return kv[:, :, 0::2].transpose(1, 2), kv[:, :, 1::2].transpose(1, 2)
+
+
+def _canon_dense(out4, case: Case):
+    """[B, Hq, q_len, D] -> [T, Hq, D]."""
+    return _canon(out4.transpose(1, 2).reshape(case.num_tokens, case.num_q_heads, case.head_dim))
+
+
+def prepare_torch_sdpa_contiguous(env, case, copies):
+    import torch.nn.functional as F
+
+    if _paged_kind(case) not in ("decode", "prefill"):
+        raise NotApplicable("dense SDPA needs a uniform batch")
+    scale = scale_of(case)
+    causal = case.seqs[0][0] > 1
+    calls = []
+    for c in copies:
+        q4, tables, npp = _dense_layout(case, c)
+        k, v = (t.contiguous() for t in _gather_kv(case, c, tables, npp))
+        calls.append(lambda q4=q4, k=k, v=v: F.scaled_dot_product_attention(
+            q4, k, v, is_causal=causal, scale=scale, enable_gqa=True))  # fmt: skip
+    return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
+                  notes="K/V gathered once outside the timed region")  # fmt: skip
+
+
+def prepare_torch_gather_sdpa(env, case, copies):
+    import torch
+    import torch.nn.functional as F
+
+    scale = scale_of(case)
+    if case.uniform:
+        causal = case.seqs[0][0] > 1
+
+        def make(c):
+            q4, tables, npp = _dense_layout(case, c)
+
+            def call():
+                k, v = _gather_kv(case, c, tables, npp)
+                return F.scaled_dot_product_attention(q4, k, v, is_causal=causal, scale=scale,
+                                                      enable_gqa=True)  # fmt: skip
+
+            return call
+
+        calls = [make(c) for c in copies]
+        return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls)
+
+    # ragged batch: one gather + SDPA per sequence (what a framework without a ragged kernel does)
+    starts = [0]
+    for q_len, _ in case.seqs:
+        starts.append(starts[-1] + q_len)
+
+    def make_ragged(c):
+        tables = c["block_tables"].long()
+        per_seq = []
+        for i, (q_len, ctx) in enumerate(case.seqs):
+            npp = -(-ctx // case.page_size)
+            q4 = c["query"][starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
+            per_seq.append((q4, tables[i, :npp], npp, q_len, ctx))
+
+        def call():
+            outs = []
+            for q4, tab, npp, q_len, ctx in per_seq:
+                kv = c["kv_cache"][tab].view(1, npp * case.page_size, 2 * case.num_kv_heads,
+                                             case.head_dim)[:, :ctx]  # fmt: skip
+                k, v = kv[:, :, 0::2].transpose(1, 2), kv[:, :, 1::2].transpose(1, 2)
+                if q_len == ctx or q_len == 1:
+                    o = F.scaled_dot_product_attention(q4, k, v, is_causal=q_len > 1,
+                                                       scale=scale, enable_gqa=True)  # fmt: skip
+                else:  # chunked prefill: bottom-right aligned causal mask
+                    pos = torch.arange(ctx, device=q4.device)
+                    mask = pos[None, :] <= (ctx - q_len + pos[:q_len])[:, None]
+                    o = F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=scale,
+                                                       enable_gqa=True)  # fmt: skip
+                outs.append(o[0].transpose(0, 1))
+            return torch.cat(outs)
+
+        return call
+
+    calls = [make_ragged(c) for c in copies]
+    return Runner("torch", lambda: _canon(calls[0]()), calls=calls,
+                  notes=f"{case.batch} gathers + SDPA calls per step")  # fmt: skip
+
+
+def prepare_torch_flex_paged(env, case, copies):
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    if not env.on_gpu:
+        raise NotApplicable("needs a CUDA GPU (compiled Triton kernel)")
+    if _paged_kind(case) != "decode" or not case.uniform:
+        raise NotApplicable("decode batches only")
+    scale = scale_of(case)
+    page, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
+    flex = torch.compile(flex_attention, dynamic=False)
+    ctx = case.seqs[0][1]
+    calls = []
+    for c in copies:
+        q4, tables, npp = _dense_layout(case, c)
+        num_pages = c["kv_cache"].shape[0]
+        # FlexAttention wants K and V as [1, Hkv, pages * page_size, D]: one transposed copy
+        # (outside the timed region); the page table becomes the BlockMask's kv_indices.
+        k_cache = c["kv_cache"][:, :, 0::2].permute(2, 0, 1, 3).reshape(1, hkv, -1, d).contiguous()
+        v_cache = c["kv_cache"][:, :, 1::2].permute(2, 0, 1, 3).reshape(1, hkv, -1, d).contiguous()
+        logical = torch.full((case.batch, num_pages), -1, dtype=torch.int32, device=env.device)
+        rows = torch.arange(case.batch, device=env.device)[:, None]
+        logical[rows, tables] = torch.arange(npp, dtype=torch.int32, device=env.device)[None, :]
+        lens = c["context_lens"]
+
+        def mask_mod(b, h, q_idx, kv_idx, logical=logical, lens=lens):
+            block = logical[b, kv_idx // page]
+            return (block >= 0) & (block * page + kv_idx % page < lens[b])
+
+        kv_num_blocks = torch.full((case.batch, 1, 1), npp, dtype=torch.int32, device=env.device)
+        kv_indices = tables.to(torch.int32)[:, None, None, :].contiguous()
+        block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(128, page),
+                                              mask_mod=mask_mod,
+                                              seq_lengths=(1, num_pages * page))  # fmt: skip
+        calls.append(lambda q4=q4, k=k_cache, v=v_cache, bm=block_mask: flex(
+            q4, k, v, block_mask=bm, scale=scale, enable_gqa=True))  # fmt: skip
+    del ctx
+    return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
+                  notes="torch.compile(flex_attention), K/V caches transposed outside timing")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ jax peers
+def prepare_jax_pallas_paged(env, case, copies):
+    if not env.on_gpu:
+        raise NotApplicable("needs a CUDA GPU (Pallas Triton kernel)")
+    if _paged_kind(case) != "decode" or not case.uniform:
+        raise NotApplicable("decode batches only")
+    from jax.experimental.pallas.ops.gpu import paged_attention as pallas_pa
+
+    jnp = env.jax.numpy
+    scale = scale_of(case)
+    ctx = case.seqs[0][1]
+    # Pallas wants [Hkv, pages, page_size, D] K and V (transposed outside the timed region) and
+    # applies no softmax scale of its own: q is pre-scaled inside the program (one tiny op).
+    # Its asserts: k_splits divides the pages per sequence, pages_per_compute_block the split.
+    npp = -(-ctx // case.page_size)
+    k_splits = math.gcd(npp, 16)
+    pages_per_block = math.gcd(npp // k_splits, 8)
+    sets = []
+    for c in copies:
+        kv = c["kv_cache"]
+        k_pages = env.to_jax(kv[:, :, 0::2].permute(2, 0, 1, 3).contiguous())
+        v_pages = env.to_jax(kv[:, :, 1::2].permute(2, 0, 1, 3).contiguous())
+        tables = env.to_jax(c["block_tables"][:, :npp].contiguous())
+        sets.append((k_pages, v_pages, tables, env.to_jax(c["context_lens"])))
+
+    def op(q, s):
+        k_pages, v_pages, tables, lens = s
+        qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        return pallas_pa.paged_attention(qs, k_pages, v_pages, tables, lens, k_splits=k_splits,
+                                         pages_per_compute_block=pages_per_block)  # fmt: skip
+
+    return _jax_runner(env, op, env.to_jax(copies[0]["query"]), sets, None,
+                       f"k_splits={k_splits}, pages_per_compute_block={pages_per_block}, XLA defaults")  # fmt: skip
+
+
+def prepare_jax_composite(env, case, copies):
+    if _paged_kind(case) != "decode":
+        raise NotApplicable("decode only (dense masks of prefill would not fit)")
+    jax = env.jax
+    jnp = jax.numpy
+    scale = scale_of(case)
+    b, hq, hkv, d, page = (
+        case.batch,
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        case.page_size,
+    )
+    group = hq // hkv
+    npp = case.pages_per_seq
+    length = npp * page
+
+    def op(q, s):
+        kv_cache, lens, tables = s
+        kv = kv_cache[tables].reshape(b, length, 2 * hkv, d)  # gather
+        k, v = kv[:, :, 0::2], kv[:, :, 1::2]  # [B, L, Hkv, D]
+        qg = q.reshape(b, hkv, group, d)
+        logits = jnp.einsum("bhgd,blhd->bhgl", qg, k, preferred_element_type=jnp.float32) * scale
+        valid = jnp.arange(length)[None, :] < lens[:, None]
+        logits = jnp.where(valid[:, None, None, :], logits, -jnp.inf)
+        probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
+        out = jnp.einsum("bhgl,blhd->bhgd", probs, v, preferred_element_type=jnp.float32)
+        return out.reshape(b, hq, d).astype(q.dtype)
+
+    sets = [(env.to_jax(c["kv_cache"]), env.to_jax(c["context_lens"]),
+             env.to_jax(c["block_tables"])) for c in copies]  # fmt: skip
+    return _jax_runner(env, op, env.to_jax(copies[0]["query"]), sets, None, "XLA default options")
+
+
+# ------------------------------------------------------------------------------ reference
+def prepare_reference(env, case, copies):
+    if env.on_gpu:
+        raise NotApplicable("CPU smoke runs only (a per-sequence Python loop)")
+    from xla_gpu_ops import reference
+
+    if case.kind == "simple_add":
+        calls = [lambda c=c: reference.simple_add(c["a"], c["b"]) for c in copies]
+    else:
+        scale = scale_of(case)
+        calls = [lambda c=c: reference.paged_attention(*(c[n] for n in OPERANDS), scale)
+                 for c in copies]  # fmt: skip
+    return Runner("torch", lambda: _canon(calls[0]()), calls=calls)
+
+
+@dataclass(frozen=True)
+class ImplSpec:
+    name: str
+    role: str  # "ours" | "peer"
+    kinds: frozenset[str]
+    slow: bool  # only on cases marked slow_peers
+    prepare: Callable[[BenchEnv, Case, list[dict]], Runner]
+
+
+PAGED = frozenset({"decode", "mixed", "prefill"})
+ALL = PAGED | {"simple_add", "overhead_decode"}
+IMPLS: tuple[ImplSpec, ...] = (
+    ImplSpec("xgo_torch", "ours", ALL, False, prepare_xgo_torch),
+    ImplSpec(
+        "xgo_torch_nograph",
+        "ours",
+        frozenset({"simple_add", "overhead_decode"}),
+        False,
+        prepare_xgo_torch_nograph,
+    ),
+    ImplSpec("xgo_jax_graph", "ours", ALL, False, prepare_xgo_jax_graph),
+    ImplSpec("xgo_jax_nograph", "ours", ALL, True, prepare_xgo_jax_nograph),
+    ImplSpec("xgo_torchax", "ours", ALL, True, prepare_xgo_torchax),
+    ImplSpec(
+        "torch_sdpa_contiguous",
+        "peer",
+        frozenset({"decode", "prefill"}),
+        False,
+        prepare_torch_sdpa_contiguous,
+    ),
+    ImplSpec("torch_gather_sdpa", "peer", PAGED, True, prepare_torch_gather_sdpa),
+    ImplSpec("torch_flex_paged", "peer", frozenset({"decode"}), True, prepare_torch_flex_paged),
+    ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
+    ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
+    ImplSpec("reference", "peer", ALL, False, prepare_reference),
+)
+# The implementation whose numbers carry the verdicts, in order of preference.
+PRIMARY_ORDER = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph", "reference")

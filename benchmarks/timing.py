@@ -1,0 +1,161 @@
+"""How time is measured.
+
+torch (GPU): warm up every input copy, then time `reps` calls that cycle over the copies. By
+default the `reps` launches are captured in one CUDA graph and the graph's replays are timed
+with CUDA events (that takes the Python/ctypes launch cost out: device time per call); with
+`graph=False` the eager loop itself is timed with events (launch cost included when it exceeds
+the kernel time). One sample = one replay / loop, divided by `reps`.
+
+JAX: one jitted program makes `chain` calls in a row, each call's output feeding the next call's
+query (so XLA can neither merge nor hoist them) and each call reading the next input copy. A
+sample enqueues `rounds` programs back to back (asynchronous dispatch overlaps the host work with
+the device work) and blocks on the last result; wall time / (rounds * chain) is the time per call.
+This is wall time, so any per-call gap the runtime leaves on the device is counted, as it should.
+
+CPU (smoke): host clocks around the same loops (there is nothing asynchronous to wait for).
+
+Every timer returns per-call samples in microseconds; statistics are medians and p10–p90.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Timing:
+    samples_us: list[float]
+    method: str
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.samples_us)
+
+    def quantile(self, q: float) -> float:
+        xs = sorted(self.samples_us)
+        if len(xs) == 1:
+            return xs[0]
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _reps_for(per_call_us: float, target_us: float, multiple: int, max_reps: int) -> int:
+    reps = max(1, int(target_us / max(per_call_us, 1e-3)))
+    reps = max(multiple, (reps // multiple) * multiple)
+    return min(reps, max(multiple, max_reps))
+
+
+def time_torch(
+    calls: Sequence[Callable[[], object]],
+    *,
+    samples: int,
+    target_us: float = 2000.0,
+    graph: bool = True,
+    max_reps: int = 512,
+) -> Timing:
+    """Per-call time of `calls` (one per input copy), cycled; CUDA events on a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return _time_host(calls, samples=samples, target_us=target_us, max_reps=max_reps)
+    stream = torch.cuda.current_stream()
+    for call in calls:  # warm-up: module load, autotuning, allocator
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for call in calls:
+        call()
+    end.record(stream)
+    end.synchronize()
+    estimate_us = 1000.0 * start.elapsed_time(end) / len(calls)
+    reps = _reps_for(estimate_us, target_us, len(calls), max_reps)
+
+    def run_loop() -> None:
+        for i in range(reps):
+            calls[i % len(calls)]()
+
+    method = "torch eager loop, CUDA events"
+    replay: Callable[[], None] = run_loop
+    if graph:
+        try:
+            cuda_graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):  # warm-up on the capture stream, as torch advises
+                run_loop()
+            stream.wait_stream(side)
+            with torch.cuda.graph(cuda_graph):
+                run_loop()
+            cuda_graph.replay()
+            torch.cuda.synchronize()
+            replay = cuda_graph.replay
+            method = "torch CUDA-graph replay, CUDA events"
+        except Exception as error:  # capture unsupported by this implementation: time eagerly
+            torch.cuda.synchronize()
+            method = f"torch eager loop, CUDA events (graph capture failed: {_short(error)})"
+    out: list[float] = []
+    for _ in range(samples):
+        start.record(stream)
+        replay()
+        end.record(stream)
+        end.synchronize()
+        out.append(1000.0 * start.elapsed_time(end) / reps)
+    return Timing(out, f"{method}; {reps} calls per sample over {len(calls)} input copies")
+
+
+def _time_host(calls, *, samples: int, target_us: float, max_reps: int) -> Timing:
+    for call in calls:
+        call()
+    t0 = time.perf_counter()
+    for call in calls:
+        call()
+    estimate_us = 1e6 * (time.perf_counter() - t0) / len(calls)
+    reps = _reps_for(estimate_us, target_us, len(calls), max_reps)
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for i in range(reps):
+            calls[i % len(calls)]()
+        out.append(1e6 * (time.perf_counter() - t0) / reps)
+    return Timing(out, f"host perf_counter loop; {reps} calls per sample over {len(calls)} copies")
+
+
+def time_jax_chain(
+    program: Callable,
+    first_carry,
+    operand_sets: Sequence,
+    *,
+    chain: int,
+    samples: int,
+    target_us: float = 2000.0,
+    max_rounds: int = 64,
+) -> Timing:
+    """Per-call time of a jitted `program(carry, operand_sets) -> carry` making `chain` calls."""
+    import jax
+
+    carry = first_carry
+    for _ in range(2):  # compile + warm-up
+        carry = jax.block_until_ready(program(carry, operand_sets))
+    t0 = time.perf_counter()
+    carry = jax.block_until_ready(program(carry, operand_sets))
+    estimate_us = 1e6 * (time.perf_counter() - t0)
+    rounds = max(1, min(max_rounds, int(target_us / max(estimate_us, 1e-3))))
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            carry = program(carry, operand_sets)
+        jax.block_until_ready(carry)
+        out.append(1e6 * (time.perf_counter() - t0) / (rounds * chain))
+    return Timing(out, f"jax wall time, {rounds} programs x {chain} chained calls per sample")
+
+
+def _short(error: BaseException, limit: int = 160) -> str:
+    text = f"{type(error).__name__}: {error}".replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

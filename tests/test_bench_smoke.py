@@ -1,0 +1,133 @@
+"""The benchmark harness's CPU smoke run, in-process: it must write sane JSON, table and plot.
+
+The smoke run uses tiny shapes and host timings; it checks the harness code paths, not speed.
+A planted failing implementation must be recorded as "failed: <reason>" without stopping the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="the harness plots with matplotlib")
+pytest.importorskip("tqdm", reason="the harness shows a tqdm progress bar")
+torch = pytest.importorskip("torch", reason="the harness builds inputs with torch")
+
+from benchmarks import peers, run  # noqa: E402
+from benchmarks.cases import all_cases, smoke_cases  # noqa: E402
+
+PLANTED = "planted_failure"
+
+
+def _planted(env, case, copies):
+    raise RuntimeError("planted failure for the smoke test")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(
+        peers, "IMPLS", (*peers.IMPLS, peers.ImplSpec(PLANTED, "peer", peers.ALL, False, _planted))
+    )
+    try:
+        results = run.run_benchmark(out, force_cpu=True, samples=3, show_progress=False)
+    finally:
+        mp.undo()
+    return out, results
+
+
+def test_smoke_writes_every_file(smoke):
+    out, _ = smoke
+    for name in ("results.json", "table.md", "plot.png", "env.json"):
+        assert (out / name).is_file(), name
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "plot.png").stat().st_size > 10_000
+    env = json.loads((out / "env.json").read_text())
+    assert env["mode"] == "cpu-smoke"
+    assert env["torch"] == torch.__version__
+    assert env["date_utc"]
+
+
+def test_smoke_json_is_sane(smoke):
+    out, _results = smoke
+    on_disk = json.loads((out / "results.json").read_text())
+    assert [c["name"] for c in on_disk["cases"]] == [c.name for c in smoke_cases()]
+    ceil = on_disk["ceilings"]
+    assert ceil["read_gbps"] > 0
+    assert ceil["copy_gbps"] > 0
+    assert ceil["matmul_tflops"] > 0
+    assert len(on_disk["verdicts"]) == len(on_disk["cases"])
+    ok_count = 0
+    for case in on_disk["cases"]:
+        assert case["bytes"] > 0
+        assert case["flops"] > 0
+        assert case["floor_us"] > 0
+        for name, entry in case["impls"].items():
+            assert entry["status"] in ("ok", "n/a", "failed", "skipped"), (case["name"], name)
+            if entry["status"] != "ok":
+                assert entry["reason"], (case["name"], name)
+                continue
+            ok_count += 1
+            med = entry["median_us"]
+            assert math.isfinite(med)
+            assert med > 0
+            assert entry["p10_us"] <= med <= entry["p90_us"]
+            assert entry["gbps"] == pytest.approx(case["bytes"] / med / 1e3)
+            assert entry["frac_floor"] == pytest.approx(case["floor_us"] / med)
+            if "check" in entry:
+                assert entry["check"] == "ok", (case["name"], name, entry.get("rel_l2_err"))
+        planted = case["impls"][PLANTED]
+        assert planted["status"] == "failed"
+        assert "planted failure" in planted["reason"]
+    assert ok_count >= 2 * len(on_disk["cases"])
+    decode = on_disk["cases"][0]
+    for name in ("reference", "jax_composite", "torch_gather_sdpa", "torch_sdpa_contiguous"):
+        assert decode["impls"][name]["status"] == "ok", (name, decode["impls"][name])
+    assert decode["impls"]["xgo_torch"]["status"] == "n/a"  # no GPU here
+    assert "noise_pct" in decode["impls"]["reference"]  # the same version timed twice
+
+
+def test_smoke_table_lists_cases_and_verdicts(smoke, capsys):
+    out, _ = smoke
+    table = (out / "table.md").read_text()
+    assert "## Verdicts" in table
+    assert "## All measurements" in table
+    for case in smoke_cases():
+        assert case.name in table
+    assert "failed: RuntimeError: planted failure" in table
+
+
+def test_smoke_runs_our_host_handler(smoke):
+    """With the library built, our XLA:CPU host handler runs inside the jitted chain and agrees."""
+    from xla_gpu_ops import _library
+
+    if not _library.is_built():
+        pytest.skip("libxla_gpu_ops.so is not built (nox -s build)")
+    _, results = smoke
+    for case in results["cases"]:
+        entry = case["impls"]["xgo_jax_nograph"]
+        assert entry["status"] == "ok", (case["name"], entry)
+        assert entry.get("check") == "ok", (case["name"], entry)
+
+
+def test_no_gpu_message_is_printed(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run.main(["--cpu", "--out", str(tmp_path), "--cases", "no-such-case", "--no-progress"])
+    assert run.NO_GPU_MESSAGE in capsys.readouterr().out
+
+
+def test_quick_grid_keeps_required_rows():
+    names = [c.name for c in all_cases(quick=True)]
+    assert "decode_B32_ctx4k_h32-8_d128_p16" in names
+    assert "decode_B1_ctx64k_h32-8_d128_p16" in names
+    assert any("ctx1k" in n and n.startswith("decode") for n in names)
+    assert any(n.endswith("_p64") for n in names)
+    assert any("_d64_" in n for n in names)
+    assert any("_d256_" in n for n in names)
+    kinds = {c.kind for c in all_cases(quick=True)}
+    assert kinds == {"decode", "mixed", "prefill", "simple_add", "overhead_decode"}
+    full = all_cases(quick=False)
+    assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3

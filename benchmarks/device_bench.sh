@@ -28,7 +28,7 @@ fi
 } | tee "$LOG"
 
 start=$(date +%s)
-python3 -m benchmarks.run --out "$OUT/bench" "$@" 2>&1 | tee -a "$LOG" | grep -v "cases:" 
+python3 -m benchmarks.run --out "$OUT/bench" --time-limit "${XGO_BENCH_TIME_LIMIT:-450}" "$@" 2>&1 | tee -a "$LOG" | grep -v "cases:" 
 status=${PIPESTATUS[0]}
 echo "== benchmarks.run exit status $status after $(( $(date +%s) - start )) s" | tee -a "$LOG"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"

@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -366,7 +367,8 @@ def select_cases(all_cases, patterns):
 
 def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=(),
                   force_cpu: bool = False, samples: int | None = None,
-                  budget_gb: float = DEFAULT_BUDGET_GB, show_progress: bool = True) -> dict:  # fmt: skip
+                  budget_gb: float = DEFAULT_BUDGET_GB, show_progress: bool = True,
+                  time_limit_s: float | None = None) -> dict:  # fmt: skip
     """Run everything and write the result files; returns the results dict (also in JSON)."""
     on_gpu = gpu_available() and not force_cpu
     _prepare_process(on_gpu)
@@ -403,13 +405,28 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     cases = select_cases(smoke_cases() if not on_gpu else all_cases(quick), patterns)
     env = BenchEnv(on_gpu)
     records = []
-    bar = tqdm(cases, desc="cases", unit="case", disable=not show_progress, file=sys.stderr)
+    results = {
+        "env": env_info,
+        "ceilings": ceilings,
+        "budget_bytes": budget,
+        "l2_bytes": l2,
+        "samples_per_measurement": samples,
+        "cases": records,
+    }
+    started = time.monotonic()
+    bar = tqdm(cases, desc="cases", unit="case", disable=not show_progress, file=sys.stderr,
+               mininterval=2.0)  # fmt: skip
     for case in bar:
+        if time_limit_s is not None and time.monotonic() - started > time_limit_s:
+            records.append({"name": case.name, "kind": case.kind, "params": case.params(),
+                            "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
+                            "skipped": f"time limit of {time_limit_s:.0f} s reached"})  # fmt: skip
+            continue
         records.append(run_case(env, case, ceilings, samples=samples, budget_bytes=budget,
                                 l2_bytes=l2, progress=bar))  # fmt: skip
+        # partial results after every case: a run cut short still leaves its numbers
+        (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     bar.close()
-    results = {"env": env_info, "ceilings": ceilings, "budget_bytes": budget, "l2_bytes": l2,
-               "samples_per_measurement": samples, "cases": records}  # fmt: skip
     results["verdicts"] = report.verdicts(results)
     table = report.markdown(results)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -431,10 +448,12 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-gb", type=float, default=DEFAULT_BUDGET_GB,
                         help="max KV cache bytes per case (x2 counted for peer layouts)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds after which the remaining cases are skipped (recorded)")  # fmt: skip
     args = parser.parse_args(argv)
     run_benchmark(args.out, quick=args.quick, patterns=tuple(args.cases), force_cpu=args.cpu,
                   samples=args.samples, budget_gb=args.budget_gb,
-                  show_progress=not args.no_progress)  # fmt: skip
+                  show_progress=not args.no_progress, time_limit_s=args.time_limit)  # fmt: skip
     return 0
 
 

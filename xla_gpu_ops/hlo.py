@@ -1,0 +1,410 @@
+"""HLO / StableHLO tooling: dump a function's graph under torch_xla, torchax or JAX, and list the
+custom calls in it (target, api_version, operand and result shapes).
+
+    from xla_gpu_ops import hlo
+    dump = hlo.dump_op("jax", "paged_attention", zeros=True)
+    print(hlo.format_table(dump.custom_calls()))
+    dump.write("artifacts/hlo/jax")
+
+Shapes are normalised to HLO spelling without layout ("f32[8,4,64]", "s32[1]") whichever text they
+were read from. `after_optimizations` holds the optimised module: JAX compiles in process; torch_xla
+offers it only through `XLA_FLAGS=--xla_dump_to=DIR`, which must be set before XLA starts, so
+`dump_op(..., xla_dump_dir=DIR)` / the CLI set it up in a fresh process (see `collect_xla_dumps`).
+Framework modules are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xla_gpu_ops._registry import OPS, OpSpec
+
+FRONTENDS = ("torch_xla", "jax", "torchax")
+OP_NAMES = tuple(op.name for op in OPS)
+# HLO's CustomCallApiVersion names (xla_data.proto); absent in HLO text means ORIGINAL (1).
+HLO_API_VERSIONS = {
+    "API_VERSION_UNSPECIFIED": 0,
+    "API_VERSION_ORIGINAL": 1,
+    "API_VERSION_STATUS_RETURNING": 2,
+    "API_VERSION_STATUS_RETURNING_UNIFIED": 3,
+    "API_VERSION_TYPED_FFI": 4,
+}
+_MLIR_ELEMENT_TYPES = {"i1": "pred", "i8": "s8", "i16": "s16", "i32": "s32", "i64": "s64",
+                       "ui8": "u8", "ui16": "u16", "ui32": "u32", "ui64": "u64"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CustomCall:
+    target: str
+    api_version: int
+    operand_shapes: tuple[str, ...]
+    result_shapes: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------- parsing
+_HLO_SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+_HLO_CUSTOM_CALL = re.compile(
+    r"=\s*(?P<result>.*?)\s+custom-call\((?P<operands>.*?)\),(?P<attrs>.*)$"
+)
+
+
+def _hlo_shapes(text: str) -> tuple[str, ...]:
+    return tuple(f"{dtype}[{dims}]" for dtype, dims in _HLO_SHAPE.findall(text))
+
+
+def custom_calls_in_hlo(text: str) -> list[CustomCall]:
+    """Custom-call instructions of an HLO text module (before or after optimizations)."""
+    calls = []
+    for line in text.splitlines():
+        match = _HLO_CUSTOM_CALL.search(line)
+        if match is None:
+            continue
+        attrs = match["attrs"]
+        target = re.search(r'custom_call_target="([^"]*)"', attrs)
+        api = re.search(r"api_version=(API_VERSION_[A-Z_]+)", attrs)
+        calls.append(
+            CustomCall(
+                target=target[1] if target else "",
+                api_version=HLO_API_VERSIONS[api[1]] if api else 1,
+                operand_shapes=_hlo_shapes(match["operands"]),
+                result_shapes=_hlo_shapes(match["result"]),
+            )
+        )
+    return calls
+
+
+def _mlir_tensor_to_hlo(tensor_type: str) -> str:
+    """'tensor<8x4x64xf32>' -> 'f32[8,4,64]'; 'tensor<f32>' -> 'f32[]'."""
+    *dims, element = tensor_type.split("x")
+    return f"{_MLIR_ELEMENT_TYPES.get(element, element)}[{','.join(dims)}]"
+
+
+def _mlir_types(text: str) -> tuple[str, ...]:
+    return tuple(_mlir_tensor_to_hlo(t) for t in re.findall(r"tensor<([^>]*)>", text))
+
+
+_MLIR_CUSTOM_CALL = re.compile(r"stablehlo\.custom_call\"?\s*@?(?P<name>[\w.$-]*)")
+
+
+def custom_calls_in_stablehlo(text: str) -> list[CustomCall]:
+    """stablehlo.custom_call ops of a StableHLO text module (pretty or generic form)."""
+    calls = []
+    for line in text.splitlines():
+        match = _MLIR_CUSTOM_CALL.search(line)
+        if match is None:
+            continue
+        target = match["name"]
+        if not target:
+            named = re.search(r'call_target_name\s*=\s*"([^"]*)"', line)
+            target = named[1] if named else ""
+        api = re.search(r"api_version\s*=\s*(\d+)", line)
+        # The function type closes the line: `: (operand types) -> result type(s)`.
+        signature = line.rsplit(" : ", 1)[-1]
+        operands, _, results = signature.partition("->")
+        calls.append(
+            CustomCall(
+                target=target,
+                api_version=int(api[1]) if api else 1,
+                operand_shapes=_mlir_types(operands),
+                result_shapes=_mlir_types(results),
+            )
+        )
+    return calls
+
+
+def format_table(calls: Sequence[CustomCall]) -> str:
+    rows = [("target", "api", "operands", "results")]
+    rows += [(c.target, str(c.api_version), " ".join(c.operand_shapes), " ".join(c.result_shapes))
+             for c in calls]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+        + "  "
+        + row[3]
+        for row in rows
+    )
+
+
+# ---------------------------------------------------------------------------- dumps
+@dataclass
+class Dump:
+    """What one front end produced for one function."""
+
+    frontend: str
+    hlo: str = ""  # HLO text before optimizations
+    stablehlo: str = ""
+    after_optimizations: str = ""  # optimised HLO text, where available
+    xla_dumps: dict[str, str] = field(default_factory=dict)  # file name -> text (--xla_dump_to)
+    notes: list[str] = field(default_factory=list)  # e.g. the execution error on XLA:CPU
+
+    def custom_calls(self) -> dict[str, list[CustomCall]]:
+        """Custom calls per text: 'hlo', 'stablehlo', 'after_optimizations', then each dump file."""
+        found = {
+            "hlo": custom_calls_in_hlo(self.hlo),
+            "stablehlo": custom_calls_in_stablehlo(self.stablehlo),
+            "after_optimizations": custom_calls_in_hlo(self.after_optimizations),
+        }
+        for name, text in self.xla_dumps.items():
+            found[name] = custom_calls_in_hlo(text)
+        return found
+
+    def write(self, directory: str | os.PathLike) -> list[Path]:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        written = []
+        texts = {"hlo.txt": self.hlo, "stablehlo.mlir": self.stablehlo,
+                 "after_optimizations.txt": self.after_optimizations,
+                 "notes.txt": "\n".join(self.notes)}  # fmt: skip
+        for name, text in texts.items():
+            if text:
+                (directory / name).write_text(text)
+                written.append(directory / name)
+        return written
+
+
+def collect_xla_dumps(directory: str | os.PathLike) -> dict[str, str]:
+    """The HLO text files an `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text` run wrote.
+
+    Keys are file names, e.g. 'module_0001.IrToHlo.25.before_optimizations.txt'.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    return {
+        path.name: path.read_text()
+        for path in sorted(directory.glob("*.txt"))
+        if path.name.endswith(("before_optimizations.txt", "after_optimizations.txt"))
+    }
+
+
+def xla_dump_flags(directory: str | os.PathLike) -> str:
+    """XLA_FLAGS value that dumps every module as text, before and after optimizations."""
+    return f"--xla_dump_to={directory} --xla_dump_hlo_as_text"
+
+
+# ---------------------------------------------------------------------------- sample inputs
+def sample_inputs(op: OpSpec | str, zeros: bool = False) -> dict[str, np.ndarray]:
+    """Small valid inputs of an op as numpy arrays (framework-neutral).
+
+    paged_attention: 3 live sequences (decode, prefill, chunked prefill), 1 unused slot, 2 padding
+    rows; Hq=8, Hkv=2, head_dim=64, page_size=16, float32, pages in reverse order. zeros=True makes
+    every input all zeros, metadata included (num_seqs = 0, a valid empty batch): the case where a
+    graph built from constants could be folded into a constant.
+    """
+    name = op if isinstance(op, str) else op.name
+    rng = np.random.default_rng(0)
+    if name == "simple_add":
+        shape = (4, 256)
+        if zeros:
+            return {"a": np.zeros(shape, np.float32), "b": np.zeros(shape, np.float32)}
+        return {
+            "a": rng.standard_normal(shape, np.float32),
+            "b": rng.standard_normal(shape, np.float32),
+        }
+    if name != "paged_attention":
+        raise ValueError(f"op: {name!r} is not one of {OP_NAMES}")
+    seqs = [(1, 37), (17, 17), (3, 64)]  # (q_len, context_len)
+    num_q_heads, num_kv_heads, head_dim, page_size, pad_tokens, spare_slots = 8, 2, 64, 16, 2, 1
+    pages_per_seq = max(-(-ctx // page_size) for _, ctx in seqs)
+    num_slots = len(seqs) + spare_slots
+    num_pages = num_slots * pages_per_seq
+    num_tokens = sum(q for q, _ in seqs) + pad_tokens
+    inputs = {
+        "query": np.zeros((num_tokens, num_q_heads, head_dim), np.float32),
+        "kv_cache": np.zeros((num_pages, page_size, 2 * num_kv_heads, head_dim), np.float32),
+        "context_lens": np.zeros(num_slots, np.int32),
+        "block_tables": np.zeros((num_slots, pages_per_seq), np.int32),
+        "query_start_loc": np.zeros(num_slots + 1, np.int32),
+        "num_seqs": np.zeros(1, np.int32),
+    }
+    if zeros:
+        return inputs
+    inputs["query"] = rng.standard_normal(inputs["query"].shape, np.float32)
+    inputs["kv_cache"] = rng.standard_normal(inputs["kv_cache"].shape, np.float32)
+    inputs["block_tables"] = (
+        np.arange(num_pages, dtype=np.int32)[::-1].reshape(num_slots, pages_per_seq).copy()
+    )
+    inputs["context_lens"][: len(seqs)] = [ctx for _, ctx in seqs]
+    inputs["context_lens"][len(seqs) :] = 1
+    inputs["query_start_loc"][1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
+    inputs["query_start_loc"][len(seqs) + 1 :] = inputs["query_start_loc"][len(seqs)]
+    inputs["num_seqs"][0] = len(seqs)
+    return inputs
+
+
+PAGED_ATTENTION_ATTRIBUTES = {"scale": 0.125, "sliding_window": None, "soft_cap": None}
+
+
+# ---------------------------------------------------------------------------- front ends
+def dump_torch_xla(fn: Callable[..., Any], args: Sequence[Any], zeros: bool = False) -> Dump:
+    """HLO + StableHLO of `fn(*args)` traced lazily on the XLA device (nothing is executed).
+
+    `args` are numpy arrays; zeros=True builds them on the device with torch.zeros so they are
+    constants of the graph (the constant-folding case) instead of parameters.
+    """
+    import torch
+    import torch_xla
+
+    device = torch_xla.device()
+    if zeros:
+        tensors = [torch.zeros(a.shape, dtype=_torch_dtype(a.dtype), device=device) for a in args]
+    else:
+        tensors = [torch.from_numpy(np.asarray(a)).to(device) for a in args]
+    outputs = fn(*tensors)
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    return Dump(
+        frontend="torch_xla",
+        hlo=torch_xla._XLAC._get_xla_tensors_hlo(outputs),
+        stablehlo=torch_xla._XLAC._get_stablehlo(outputs, str(device), [], False).decode(),
+    )
+
+
+def _torch_dtype(dtype: np.dtype):
+    import torch
+
+    return {np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32}[np.dtype(dtype)]
+
+
+def dump_jax(fn: Callable[..., Any], args: Sequence[Any], zeros: bool = False) -> Dump:
+    """StableHLO, HLO and optimised HLO of `jax.jit(fn)` (compiled, not executed).
+
+    zeros=True bakes the inputs into the graph as constants instead of passing parameters.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if zeros:
+        constants = [np.asarray(a) for a in args]
+        lowered = jax.jit(lambda: fn(*[jnp.asarray(c) for c in constants])).lower()
+    else:
+        lowered = jax.jit(fn).lower(*[jnp.asarray(a) for a in args])
+    return Dump(
+        frontend="jax",
+        hlo=lowered.as_text(dialect="hlo"),
+        stablehlo=lowered.as_text(),
+        after_optimizations=lowered.compile().as_text(),
+    )
+
+
+def dump_torchax(fn: Callable[..., Any], args: Sequence[Any], zeros: bool = False) -> Dump:
+    """`fn` is a torch function; torchax turns it into a JAX function, dumped as in `dump_jax`."""
+    import torchax
+    import torchax.interop
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+    env = torchax.default_env()
+
+    def jax_fn(*jax_args):
+        with env:
+            return torchax.interop.jax_view(fn)(*jax_args)
+
+    dump = dump_jax(jax_fn, args, zeros=zeros)
+    dump.frontend = "torchax"
+    return dump
+
+
+_DUMPERS = {"torch_xla": dump_torch_xla, "jax": dump_jax, "torchax": dump_torchax}
+
+
+def op_function(frontend: str, op: OpSpec | str) -> Callable[..., Any]:
+    """A function of the op's tensor inputs that calls the op the way `frontend` users do."""
+    name = op if isinstance(op, str) else op.name
+    attrs = PAGED_ATTENTION_ATTRIBUTES
+    if frontend == "jax":
+        from xla_gpu_ops import jax as xgo_jax
+
+        if name == "simple_add":
+            return xgo_jax.simple_add
+        return lambda *a: xgo_jax.paged_attention(*a, **attrs)
+    import torch
+
+    import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+
+    if name == "simple_add":
+        return torch.ops.xla_gpu.simple_add
+    return lambda *a: torch.ops.xla_gpu.paged_attention(
+        *a, attrs["scale"], attrs["sliding_window"], attrs["soft_cap"]
+    )
+
+
+def dump_op(
+    frontend: str,
+    op: OpSpec | str,
+    zeros: bool = False,
+    xla_dump_dir: str | os.PathLike | None = None,
+) -> Dump:
+    """Dump one op under one front end with `sample_inputs`.
+
+    torch_xla: forces the custom-call implementation (XLA_GPU_OPS_XLA_IMPL=custom_call), then, if
+    `xla_dump_dir` is given, syncs so XLA compiles the graph and writes its dumps there (XLA_FLAGS
+    must already point there, see `xla_dump_flags`); on XLA:CPU execution then fails ("No FFI
+    handler registered ... Host"), which is recorded in `notes`, not raised.
+    """
+    if frontend not in _DUMPERS:
+        raise ValueError(f"frontend: {frontend!r} is not one of {FRONTENDS}")
+    name = op if isinstance(op, str) else op.name
+    args = list(sample_inputs(name, zeros=zeros).values())
+    # Only the files this call adds: one process may dump several ops into the same folder.
+    earlier = set(collect_xla_dumps(xla_dump_dir)) if xla_dump_dir is not None else set()
+    if frontend != "torch_xla":
+        dump = _DUMPERS[frontend](op_function(frontend, name), args, zeros=zeros)
+        if xla_dump_dir is not None:
+            dump.xla_dumps = _new_dumps(xla_dump_dir, earlier)
+        return dump
+
+    from xla_gpu_ops import torch_xla as xgo_torch_xla
+
+    previous = os.environ.get(xgo_torch_xla.IMPL_ENV)
+    os.environ[xgo_torch_xla.IMPL_ENV] = "custom_call"
+    try:
+        fn = op_function(frontend, name)
+        dump = dump_torch_xla(fn, args, zeros=zeros)
+        if xla_dump_dir is not None:
+            dump.notes.append(_compile_torch_xla(fn, args, zeros))
+            dump.xla_dumps = _new_dumps(xla_dump_dir, earlier)
+            after = [text for file, text in dump.xla_dumps.items()
+                     if file.endswith("after_optimizations.txt") and custom_calls_in_hlo(text)]  # fmt: skip
+            dump.after_optimizations = after[-1] if after else ""
+    finally:
+        if previous is None:
+            os.environ.pop(xgo_torch_xla.IMPL_ENV, None)
+        else:
+            os.environ[xgo_torch_xla.IMPL_ENV] = previous
+    return dump
+
+
+def _new_dumps(directory: str | os.PathLike, earlier: set[str]) -> dict[str, str]:
+    return {
+        name: text for name, text in collect_xla_dumps(directory).items() if name not in earlier
+    }
+
+
+def _compile_torch_xla(fn: Callable[..., Any], args: Sequence[Any], zeros: bool) -> str:
+    """Trace again and sync, so XLA compiles (and dumps) the graph; returns what happened."""
+    import torch
+    import torch_xla
+
+    device = torch_xla.device()
+    if zeros:
+        tensors = [torch.zeros(a.shape, dtype=_torch_dtype(a.dtype), device=device) for a in args]
+    else:
+        tensors = [torch.from_numpy(np.asarray(a)).to(device) for a in args]
+    out = fn(*tensors)
+    try:
+        torch_xla.sync()
+        out.cpu()
+    except (
+        RuntimeError,
+        ValueError,
+    ) as error:  # expected on XLA:CPU: no handler of ours is registered there
+        return f"execution failed (expected where no handler is registered): {error}".strip()
+    return "executed"

@@ -15,7 +15,7 @@ cat "$OUT/device.txt"
 status=0
 for step in "${@:-all}"; do
   if [[ $step == tests || $step == all ]]; then
-    python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -n 8 2>&1 | tee "$OUT/pytest.txt" | tail -40 || status=1
+    python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -n 8 -p no:benchmark 2>&1 | tee "$OUT/pytest.txt" | tail -40 || status=1
   fi
   if [[ $step == timing || $step == all ]]; then
     python3 benchmarks/kernels_timing.py 2>&1 | tee "$OUT/timing.txt" || status=1
@@ -25,7 +25,7 @@ for step in "${@:-all}"; do
     sel="dtypes_head_dims or bad_ or split_kv or simple_add_matches"
     for tool in memcheck racecheck; do
       compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -k "$sel" -x 2>&1 \
+        python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -k "$sel" -x -p no:benchmark 2>&1 \
         | tee "$OUT/sanitizer-$tool.txt" | tail -15 || status=1
     done
   fi

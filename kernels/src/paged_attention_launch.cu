@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/config_check.h"
@@ -23,14 +24,42 @@ constexpr int64_t kMaxPrepBlocks = 1024;
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// KV splits actually used, <= the planned (workspace-sized) count: the fewest splits that fill the
+// GPU in whole waves (blocks of one split are ~equal in decode, so a partial last wave idles SMs).
+// Real q tiles are at most min(grid.x, num_tokens): each holds at least one token.
+int ChooseSplits(const PagedAttentionPlan& plan, int64_t num_tokens, int64_t slots) {
+  if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
+  const int64_t per_split = std::min(plan.num_q_tiles, num_tokens) * plan.num_head_blocks;
+  int best = plan.num_splits;
+  double best_efficiency = -1.0;
+  for (int splits = 1; splits <= plan.num_splits; ++splits) {
+    const int64_t blocks = per_split * splits;
+    if (blocks < slots) continue;  // less than one wave: leaves SMs idle
+    const double waves = static_cast<double>(blocks) / static_cast<double>(slots);
+    const double efficiency = waves / std::ceil(waves);
+    if (efficiency > best_efficiency + 1e-3) {
+      best_efficiency = efficiency;
+      best = splits;
+    }
+  }
+  return best;
+}
+
 template <typename Kernel>
 int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPlan& plan,
-                        const PagedAttentionParams& params, cudaStream_t stream) {
+                        PagedAttentionParams& params, cudaStream_t stream) {
   XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem_bytes)));
+  int device = 0, num_sms = 0, blocks_per_sm = 0;
+  XGO_CUDA_CHECK(cudaGetDevice(&device));
+  XGO_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  XGO_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem_bytes));
+  params.num_splits =
+      ChooseSplits(plan, params.num_tokens, static_cast<int64_t>(num_sms) * blocks_per_sm);
   const dim3 grid(static_cast<unsigned>(plan.num_q_tiles),
                   static_cast<unsigned>(plan.num_head_blocks),
-                  static_cast<unsigned>(plan.num_splits));
+                  static_cast<unsigned>(params.num_splits));
   kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
@@ -38,7 +67,7 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
 
 // Runtime head_dim and tile shape -> compile-time kernel.
 template <typename T>
-int32_t LaunchMma(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
 #define XGO_LAUNCH_MMA(D, RW)                                                               \
   return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
@@ -60,7 +89,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, const PagedAttentionParams& pa
               params.head_dim);
 }
 
-int32_t LaunchFma(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
   switch (params.head_dim) {
     case 64:
@@ -78,7 +107,7 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, const PagedAttentionParams& pa
 }
 
 template <typename T>
-int32_t LaunchAll(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
+int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                   cudaStream_t stream) {
   const int64_t prep_blocks =
       std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
@@ -91,11 +120,9 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, const PagedAttentionParams& pa
     status = LaunchMma<T>(plan, params, stream);
   }
   if (status != XGO_OK) return status;
-  if (plan.num_splits > 1) {
+  if (params.num_splits > 1) {
     const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
-    const int64_t rows_per_block = kThreads / 32;
-    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    PagedAttentionMergeKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+    PagedAttentionMergeKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(params);
     XGO_CUDA_CHECK(cudaGetLastError());
   }
   return XGO_OK;

@@ -91,7 +91,8 @@ struct TileWork {
 __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork& w) {
   if (p.flags[0] == 0) return false;  // prep NaN-filled everything
   const int n = *p.num_seqs;
-  const int x = blockIdx.x;
+  // Last q tiles first: in a causal prefill they see the most keys, so the long blocks start early.
+  const int x = gridDim.x - 1 - blockIdx.x;
   const int bq = p.tokens_per_tile;
   int lo = 0, hi = n - 1, found = -1;
   while (lo <= hi) {
@@ -183,43 +184,74 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w) {
   }
 }
 
-// Masked logit in the log2 domain (-inf when masked): scale, optional soft cap, causal + window.
-__device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float qk, int key, int pos,
-                                        bool row_ok) {
-  float x = qk * p.scale;
-  if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-  const bool keep =
-      row_ok && key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
-  return keep ? x * kLog2e : -INFINITY;
+// Unmasked logit in the log2 domain: scale, optional soft cap.
+__device__ __forceinline__ float Scaled2(const PagedAttentionParams& p, float qk) {
+  if (p.soft_cap > 0.0f) return p.soft_cap * tanhf(qk * p.scale / p.soft_cap) * kLog2e;
+  return qk * (p.scale * kLog2e);
 }
 
-// Copies kBlockN keys (K and V of one kv head) of a tile into shared memory; keys at or past
-// key_end are zero-filled without reading global memory (their block_tables entries may be
-// unused), so masked V rows are finite.
-template <typename T, int kD, int kBlockN, int kLds>
-__device__ __forceinline__ void LoadKvTile(const PagedAttentionParams& p, const TileWork& w,
-                                           int key0, int key_end, T* s_k, T* s_v) {
-  constexpr int kChunk = 16 / sizeof(T);
-  constexpr int kChunksPerRow = kD / kChunk;
-  const T* kv = static_cast<const T*>(p.kv_cache);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
-  const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
-#pragma unroll 4
-  for (int c = threadIdx.x; c < kBlockN * kChunksPerRow; c += kThreads) {
-    const int key_local = c / kChunksPerRow;
-    const int col = (c % kChunksPerRow) * kChunk;
-    const int key = key0 + key_local;
-    const bool valid = key < key_end;
-    const T* src_k = kv;
-    if (valid) {
-      const int page = table[key / p.page_size];
-      const int64_t slot = static_cast<int64_t>(page) * p.page_size + key % p.page_size;
-      src_k = kv + slot * slot_stride + static_cast<int64_t>(2 * w.kv_head) * kD + col;
-    }
-    CpAsync16(s_k + key_local * kLds + col, src_k, valid ? 16 : 0);
-    CpAsync16(s_v + key_local * kLds + col, valid ? src_k + kD : kv, valid ? 16 : 0);
-  }
+// Masked logit in the log2 domain (-inf when masked): causal + sliding window.
+__device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float qk, int key, int pos,
+                                        bool row_ok) {
+  const bool keep =
+      row_ok && key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
+  return keep ? Scaled2(p, qk) : -INFINITY;
 }
+
+// True when every key of the tile is visible to every row of the block (no masking needed;
+// padding rows then get finite logits, which are never stored).
+__device__ __forceinline__ bool TileFullyVisible(const PagedAttentionParams& p, const TileWork& w,
+                                                 int key0, int block_n) {
+  const int offset = w.kv_len - w.q_len - w.q_start;
+  return key0 + block_n - 1 <= offset + w.tok0 &&
+         (p.sliding_window == 0 || key0 > offset + w.tok_end - 1 - p.sliding_window);
+}
+
+// Copies tiles of kBlockN keys (K and V of one kv head) into shared memory. Each thread always
+// copies the same kKeys key rows of a tile (16-byte chunks); their page numbers are fetched one
+// tile ahead into registers (FetchPages) so the dependent block_tables load never stalls the
+// copy issue (Issue). Keys at or past key_end are zero-filled without reading global memory
+// (their block_tables entries may be unused), so masked V rows are finite.
+template <typename T, int kD, int kBlockN, int kLds>
+struct KvTileLoader {
+  static constexpr int kChunk = 16 / sizeof(T);
+  static constexpr int kChunksPerRow = kD / kChunk;
+  static constexpr int kKeyStride = kThreads / kChunksPerRow;
+  static constexpr int kKeys = kBlockN / kKeyStride;
+  static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kKeyStride == 0, "tile shape");
+
+  int pages[kKeys];
+
+  __device__ __forceinline__ void FetchPages(const PagedAttentionParams& p, const TileWork& w,
+                                             int key0, int key_end) {
+    const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
+    const int first = key0 + static_cast<int>(threadIdx.x) / kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+      const int key = first + i * kKeyStride;
+      pages[i] = key < key_end ? table[key / p.page_size] : 0;
+    }
+  }
+
+  __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w,
+                                        int key0, int key_end, T* s_k, T* s_v) const {
+    const T* kv = static_cast<const T*>(p.kv_cache);
+    const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
+    const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
+    const int col = (static_cast<int>(threadIdx.x) % kChunksPerRow) * kChunk;
+    const T* head_base = kv + static_cast<int64_t>(2 * w.kv_head) * kD + col;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+      const int key_local = key_local0 + i * kKeyStride;
+      const int key = key0 + key_local;
+      const bool valid = key < key_end;
+      const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + key % p.page_size;
+      const T* src_k = valid ? head_base + slot * slot_stride : kv;
+      CpAsync16(s_k + key_local * kLds + col, src_k, valid ? 16 : 0);
+      CpAsync16(s_v + key_local * kLds + col, valid ? src_k + kD : kv, valid ? 16 : 0);
+    }
+  }
+};
 
 template <typename T, int kD, int kBlockRows, int kLds>
 __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const TileWork& w,
@@ -293,9 +325,12 @@ __global__ void __launch_bounds__(kThreads)
 
   LoadQTile<T, kD, kBlockRows, kLds>(p, w, s_q);
   CpAsyncCommit();
+  KvTileLoader<T, kD, kBlockN, kLds> loader;
+  const int key_first = range.key_base + range.tile_begin * kBlockN;
   if (range.tile_begin < range.tile_end) {
-    LoadKvTile<T, kD, kBlockN, kLds>(p, w, range.key_base + range.tile_begin * kBlockN,
-                                     range.key_end, s_k, s_v);
+    loader.FetchPages(p, w, key_first, range.key_end);
+    loader.Issue(p, w, key_first, range.key_end, s_k, s_v);
+    loader.FetchPages(p, w, key_first + kBlockN, range.key_end);
   }
   CpAsyncCommit();
 
@@ -329,9 +364,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
     const int stage = (tile - range.tile_begin) & 1;
     if (tile + 1 < range.tile_end) {
-      LoadKvTile<T, kD, kBlockN, kLds>(p, w, range.key_base + (tile + 1) * kBlockN,
-                                       range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
-                                       s_v + (stage ^ 1) * kBlockN * kLds);
+      const int next_key0 = range.key_base + (tile + 1) * kBlockN;
+      loader.Issue(p, w, next_key0, range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
+                   s_v + (stage ^ 1) * kBlockN * kLds);
+      loader.FetchPages(p, w, next_key0 + kBlockN, range.key_end);
     }
     CpAsyncCommit();
     CpAsyncWait<1>();
@@ -360,15 +396,27 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       // Masked logits (log2 domain), then the online-softmax update of both rows.
-      const int key0 = range.key_base + tile * kBlockN + wn * kKeysPerWarp + 2 * (lane % 4);
+      const int tile_key0 = range.key_base + tile * kBlockN;
+      const int key0 = tile_key0 + wn * kKeysPerWarp + 2 * (lane % 4);
       float tile_max[2] = {-INFINITY, -INFINITY};
+      if (TileFullyVisible(p, w, tile_key0, kBlockN)) {
 #pragma unroll
-      for (int nt = 0; nt < kScoreTiles; ++nt) {
+        for (int nt = 0; nt < kScoreTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          s[nt][e] = Logit2(p, s[nt][e], key0 + nt * 8 + (e & 1), row_pos[h], row_ok[h]);
-          tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+          for (int e = 0; e < 4; ++e) {
+            s[nt][e] = Scaled2(p, s[nt][e]);
+            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            s[nt][e] = Logit2(p, s[nt][e], key0 + nt * 8 + (e & 1), row_pos[h], row_ok[h]);
+            tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+          }
         }
       }
       float base[2];
@@ -515,9 +563,12 @@ __global__ void __launch_bounds__(kThreads)
   const KeyRange range = SplitKeyRange<kBlockN>(p, w);
   LoadQTile<float, kD, 16, kLds>(p, w, s_q);
   CpAsyncCommit();
+  KvTileLoader<float, kD, kBlockN, kLds> loader;
+  const int key_first = range.key_base + range.tile_begin * kBlockN;
   if (range.tile_begin < range.tile_end) {
-    LoadKvTile<float, kD, kBlockN, kLds>(p, w, range.key_base + range.tile_begin * kBlockN,
-                                         range.key_end, s_k, s_v);
+    loader.FetchPages(p, w, key_first, range.key_end);
+    loader.Issue(p, w, key_first, range.key_end, s_k, s_v);
+    loader.FetchPages(p, w, key_first + kBlockN, range.key_end);
   }
   CpAsyncCommit();
   const bool row_ok = r < w.rows;
@@ -531,9 +582,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
     const int stage = (tile - range.tile_begin) & 1;
     if (tile + 1 < range.tile_end) {
-      LoadKvTile<float, kD, kBlockN, kLds>(p, w, range.key_base + (tile + 1) * kBlockN,
-                                           range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
-                                           s_v + (stage ^ 1) * kBlockN * kLds);
+      const int next_key0 = range.key_base + (tile + 1) * kBlockN;
+      loader.Issue(p, w, next_key0, range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
+                   s_v + (stage ^ 1) * kBlockN * kLds);
+      loader.FetchPages(p, w, next_key0 + kBlockN, range.key_end);
     }
     CpAsyncCommit();
     CpAsyncWait<1>();
@@ -613,46 +665,80 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- 3. split merge
-// One warp per (token, q head); rows no sequence owns keep the prep kernel's zeros.
+// One block per (token, q head): 4 groups of 32 lanes, each group sums every 4th split (4 float
+// columns per lane), then the groups are added through shared memory. Rows no sequence owns keep
+// the prep kernel's zeros.
+constexpr int kMergeGroups = kThreads / 32;
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     PagedAttentionMergeKernel(const __grid_constant__ PagedAttentionParams p) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  __shared__ float s_lse[kMaxSplits];
+  __shared__ float4 s_part[kMergeGroups][64];  // head_dim <= 256: 64 float4 per row
+  __shared__ float s_sum[kMergeGroups];
+  const int64_t row = blockIdx.x;
   const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  if (row >= num_rows || p.flags[0] == 0) return;
+  if (p.flags[0] == 0) return;
   const int token = static_cast<int>(row / p.num_q_heads);
   const int n = *p.num_seqs;
   if (token < p.query_start_loc[0] || token >= p.query_start_loc[n]) return;
+  const int tid = threadIdx.x;
+  for (int z = tid; z < p.num_splits; z += kThreads) {
+    s_lse[z] = p.partial_lse[static_cast<int64_t>(z) * num_rows + row];
+  }
+  __syncthreads();
   float m = -INFINITY;
   bool has_nan = false;
-  for (int z = lane; z < p.num_splits; z += 32) {
-    const float lse = p.partial_lse[static_cast<int64_t>(z) * num_rows + row];
-    has_nan |= isnan(lse);
-    m = fmaxf(m, lse);
+  for (int z = 0; z < p.num_splits; ++z) {
+    has_nan |= isnan(s_lse[z]);
+    m = fmaxf(m, s_lse[z]);
   }
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  has_nan = __any_sync(0xffffffffu, has_nan);
   const float base = m == -INFINITY ? 0.0f : m;
-  T* out = static_cast<T*>(p.out) + row * p.head_dim;
-  for (int d = lane * 4; d < p.head_dim; d += 128) {
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    float sum = 0.0f;
-    for (int z = 0; z < p.num_splits; ++z) {
-      const int64_t split_row = static_cast<int64_t>(z) * num_rows + row;
-      const float weight = exp2f(p.partial_lse[split_row] - base);
-      if (weight == 0.0f) continue;  // empty split: its part is never read
-      const float4 part = *reinterpret_cast<const float4*>(p.partial_out + split_row * p.head_dim + d);
-      sum += weight;
-      o.x += weight * part.x, o.y += weight * part.y;
-      o.z += weight * part.z, o.w += weight * part.w;
+  const int group = tid / 32;
+  const int lane = tid % 32;
+  const int vecs = p.head_dim / 4;
+  float sum = 0.0f;
+  float4 o[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+#pragma unroll 4
+  for (int z = group; z < p.num_splits; z += kMergeGroups) {
+    const float weight = exp2f(s_lse[z] - base);
+    if (weight == 0.0f) continue;  // empty split (-inf): its part is never read
+    sum += weight;
+    const float4* part = reinterpret_cast<const float4*>(
+        p.partial_out + (static_cast<int64_t>(z) * num_rows + row) * p.head_dim);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int v = lane + 32 * k;
+      if (v < vecs) {
+        const float4 x = part[v];
+        o[k].x += weight * x.x, o[k].y += weight * x.y;
+        o[k].z += weight * x.z, o[k].w += weight * x.w;
+      }
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (lane + 32 * k < vecs) s_part[group][lane + 32 * k] = o[k];
+  }
+  if (lane == 0) s_sum[group] = sum;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kMergeGroups; ++g) total += s_sum[g];
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  T* out = static_cast<T*>(p.out) + row * p.head_dim;
+  for (int v = tid; v < vecs; v += kThreads) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int g = 0; g < kMergeGroups; ++g) {
+      acc.x += s_part[g][v].x, acc.y += s_part[g][v].y;
+      acc.z += s_part[g][v].z, acc.w += s_part[g][v].w;
+    }
     const float nan = QuietNaN();
-    out[d + 0] = FromFloat<T>(has_nan ? nan : o.x * inv);
-    out[d + 1] = FromFloat<T>(has_nan ? nan : o.y * inv);
-    out[d + 2] = FromFloat<T>(has_nan ? nan : o.z * inv);
-    out[d + 3] = FromFloat<T>(has_nan ? nan : o.w * inv);
+    out[4 * v + 0] = FromFloat<T>(has_nan ? nan : acc.x * inv);
+    out[4 * v + 1] = FromFloat<T>(has_nan ? nan : acc.y * inv);
+    out[4 * v + 2] = FromFloat<T>(has_nan ? nan : acc.z * inv);
+    out[4 * v + 3] = FromFloat<T>(has_nan ? nan : acc.w * inv);
   }
 }
 

@@ -17,8 +17,8 @@ namespace xgo {
 //   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
 constexpr int64_t kFlagsHeader = 32;
 constexpr int kThreads = 128;            // every attention block: 4 warps
-constexpr int kTargetBlocks = 1024;      // enough blocks to fill ~132 SMs several times over
-constexpr int64_t kMinSplitKeys = 256;   // a KV split below this costs more to merge than it saves
+constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
+constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 constexpr int kMaxSplits = 128;
 
 struct PagedAttentionPlan {
@@ -57,7 +57,9 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   p.num_head_blocks = c.num_q_heads / heads;
   const int64_t blocks = p.num_q_tiles * p.num_head_blocks;
   const int64_t capacity = c.pages_per_seq * c.page_size;
-  int64_t splits = (kTargetBlocks + blocks - 1) / blocks;
+  // Prefill-like batches have many real blocks already; their static bound overestimates them.
+  const int64_t target = decode_like ? kTargetBlocks : kTargetBlocks / 2;
+  int64_t splits = (target + blocks - 1) / blocks;
   const int64_t by_length = (capacity + kMinSplitKeys - 1) / kMinSplitKeys;
   if (splits > by_length) splits = by_length;
   if (splits > kMaxSplits) splits = kMaxSplits;

@@ -91,6 +91,10 @@ def _paged_kind(case: Case) -> str:
     return "decode" if case.kind == "overhead_decode" else case.kind
 
 
+def _is_overhead(case: Case) -> bool:
+    return case.kind in ("simple_add", "overhead_decode")
+
+
 def _canon(tensor):
     return tensor.detach().float().cpu()
 
@@ -135,9 +139,12 @@ def _chain_program(env: BenchEnv, op: Callable, num_sets: int, chain: int, optio
 
 
 def _jax_runner(env: BenchEnv, op: Callable, carry0, sets: list, options: dict | None,
-                notes: str = "") -> Runner:  # fmt: skip
+                notes: str = "", overhead: bool = False) -> Runner:  # fmt: skip
     jax = env.jax
-    chain = max(len(sets), 4)
+    # Enough calls per program that one dispatch is small next to the device work; the tiny
+    # overhead cases get 64 so launch gaps, not Python, dominate what is measured.
+    min_chain = 64 if overhead else 8
+    chain = len(sets) * -(-min_chain // len(sets))
     program = _chain_program(env, op, len(sets), chain, options)
     single = jax.jit(lambda c, s: op(c, s), **({"compiler_options": options} if options else {}))
 
@@ -176,13 +183,15 @@ def _jax_sets(env: BenchEnv, case: Case, copies: list[dict]):
 def prepare_xgo_jax_graph(env, case, copies):
     carry, sets = _jax_sets(env, case, copies)
     return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, GRAPH_OPTIONS,
-                       "CUDA graphs on (command buffer incl. CUSTOM_CALL, min graph size 1)")  # fmt: skip
+                       "CUDA graphs on (command buffer incl. CUSTOM_CALL, min graph size 1)",
+                       overhead=_is_overhead(case))  # fmt: skip
 
 
 def prepare_xgo_jax_nograph(env, case, copies):
     carry, sets = _jax_sets(env, case, copies)
     return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, NOGRAPH_OPTIONS,
-                       "CUDA graphs off (xla_gpu_enable_command_buffer='')")  # fmt: skip
+                       "CUDA graphs off (xla_gpu_enable_command_buffer='')",
+                       overhead=_is_overhead(case))  # fmt: skip
 
 
 def prepare_xgo_torchax(env, case, copies):
@@ -208,7 +217,8 @@ def prepare_xgo_torchax(env, case, copies):
             return jax_fn(q, *s)
 
     carry, sets = _jax_sets(env, case, copies)
-    return _jax_runner(env, op, carry, sets, GRAPH_OPTIONS, "torchax jax_view, jitted, graphs on")
+    return _jax_runner(env, op, carry, sets, GRAPH_OPTIONS, "torchax jax_view, jitted, graphs on",
+                       overhead=_is_overhead(case))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ torch peers

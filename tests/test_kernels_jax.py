@@ -518,6 +518,7 @@ def test_gpu_hlo_contains_both_custom_calls():
 
 
 def _legacy_paged_attention(arrays, opaque: bytes):
+    xgo_jax.register()  # the raw ffi_call below does not register on its own
     config = xgo_jax.paged_attention_config(
         dict(zip(OPERANDS, arrays, strict=True)), 0.125, None, None
     )

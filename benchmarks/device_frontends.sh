@@ -21,7 +21,7 @@ cat "$OUT/device.txt"
 status=0
 for step in "${@:-all}"; do
   if [[ $step == tests || $step == all ]]; then
-    timeout 400 python3 -m pytest -m "torchax or jax" tests/ -q -rs -p no:cacheprovider -p no:benchmark \
+    timeout 400 python3 -m pytest -m "torchax or jax" tests/ -q -rs -n 4 -p no:cacheprovider -p no:benchmark \
       2>&1 | tee "$OUT/pytest.txt" | tail -60 || status=1
   fi
   if [[ $step == example || $step == all ]]; then

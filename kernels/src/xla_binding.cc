@@ -9,8 +9,6 @@
 
 #include "xla_gpu_ops/status.h"
 
-extern "C" const char* xla_gpu_ops_last_error(void);
-
 namespace xgo {
 
 xla::ffi::Error ToFfiError(int32_t status) {

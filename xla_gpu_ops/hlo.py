@@ -50,6 +50,9 @@ class CustomCall:
 
 # ---------------------------------------------------------------------------- parsing
 _HLO_SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+_HLO_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+[\w-]+\("
+)
 _HLO_CUSTOM_CALL = re.compile(
     r"=\s*(?P<result>.*?)\s+custom-call\((?P<operands>.*?)\),(?P<attrs>.*)$"
 )
@@ -59,8 +62,43 @@ def _hlo_shapes(text: str) -> tuple[str, ...]:
     return tuple(f"{dtype}[{dims}]" for dtype, dims in _HLO_SHAPE.findall(text))
 
 
+def _split_top_level(text: str) -> list[str]:
+    """Split 'f32[4,2]{1,0} %a, %b' at the commas outside brackets and braces."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += (char in "[{(") - (char in "]})")
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*parts, current.strip()] if current.strip() else parts
+
+
+def _braced_after(text: str, key: str) -> str | None:
+    """The balanced {...} that follows `key` in text, without the outer braces."""
+    start = text.find(key + "{")
+    if start < 0:
+        return None
+    start += len(key)
+    depth = 0
+    for end in range(start, len(text)):
+        depth += (text[end] == "{") - (text[end] == "}")
+        if depth == 0:
+            return text[start + 1 : end]
+    return None
+
+
 def custom_calls_in_hlo(text: str) -> list[CustomCall]:
-    """Custom-call instructions of an HLO text module (before or after optimizations)."""
+    """Custom-call instructions of an HLO text module (before or after optimizations).
+
+    Operand shapes come from the operand list where the printer writes them, else from the
+    defining instruction (newer printers write bare names).
+    """
+    shapes = {}
+    for line in text.splitlines():
+        if (instruction := _HLO_INSTRUCTION.match(line)) is not None:
+            shapes[instruction["name"]] = _hlo_shapes(instruction["shape"])
     calls = []
     for line in text.splitlines():
         match = _HLO_CUSTOM_CALL.search(line)
@@ -69,11 +107,19 @@ def custom_calls_in_hlo(text: str) -> list[CustomCall]:
         attrs = match["attrs"]
         target = re.search(r'custom_call_target="([^"]*)"', attrs)
         api = re.search(r"api_version=(API_VERSION_[A-Z_]+)", attrs)
+        operand_shapes: list[str] = []
+        constraints = _braced_after(attrs, "operand_layout_constraints=")
+        operand_list = re.sub(r"/\*.*?\*/", "", match["operands"])  # drop /*index=5*/ comments
+        for operand in _split_top_level(operand_list) if constraints is None else []:
+            written = _hlo_shapes(operand)
+            operand_shapes += written or shapes.get(operand.split()[-1].lstrip("%"), ("?",))
+        if constraints is not None:  # exact operand shapes, written by JAX's ffi_call
+            operand_shapes = list(_hlo_shapes(constraints))
         calls.append(
             CustomCall(
                 target=target[1] if target else "",
                 api_version=HLO_API_VERSIONS[api[1]] if api else 1,
-                operand_shapes=_hlo_shapes(match["operands"]),
+                operand_shapes=tuple(operand_shapes),
                 result_shapes=_hlo_shapes(match["result"]),
             )
         )
@@ -105,13 +151,16 @@ def custom_calls_in_stablehlo(text: str) -> list[CustomCall]:
             named = re.search(r'call_target_name\s*=\s*"([^"]*)"', line)
             target = named[1] if named else ""
         api = re.search(r"api_version\s*=\s*(\d+)", line)
+        # JAX's ffi_call leaves api_version implicit and writes the typed-FFI attribute
+        # dictionary as mhlo.backend_config = {...}; that is API_VERSION_TYPED_FFI (4).
+        typed_ffi = re.search(r"mhlo\.backend_config\s*=\s*\{", line) is not None
         # The function type closes the line: `: (operand types) -> result type(s)`.
         signature = line.rsplit(" : ", 1)[-1]
         operands, _, results = signature.partition("->")
         calls.append(
             CustomCall(
                 target=target,
-                api_version=int(api[1]) if api else 1,
+                api_version=int(api[1]) if api else (4 if typed_ffi else 1),
                 operand_shapes=_mlir_types(operands),
                 result_shapes=_mlir_types(results),
             )

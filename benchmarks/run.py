@@ -233,7 +233,12 @@ def command_buffer_evidence(runner) -> dict:
 
 
 def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2_bytes: int,
-             progress=None) -> dict:  # fmt: skip
+             progress=None, skips: dict | None = None, on_impl=None) -> dict:  # fmt: skip
+    """Measure one case for every implementation; never raises for an implementation's failure.
+
+    skips: {impl: reason} recorded as failed without running (an earlier worker crashed there).
+    on_impl(impl): called before each implementation starts (the isolated runner's bookkeeping).
+    """
     from benchmarks import peers as P
     from benchmarks.cases import build_inputs, num_copies
     from benchmarks.timing import _short, time_jax_chain, time_torch
@@ -260,12 +265,13 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
     record["input_copies"] = copies_n
     record["working_set_bytes"] = copies_n * case.bytes_needed()
     copies = [build_inputs(case, env.device, seed=1000 + case_seed(case))]
-    meta = {k: v for k, v in copies[0].items() if k not in ("query", "kv_cache", "a", "b")}
+    meta = meta_of(copies[0])
     for i in range(1, copies_n):
         copies.append(build_inputs(case, env.device, seed=1000 + case_seed(case) + i,
                                    metadata=meta or None))  # fmt: skip
     expected = _expected(case, copies[0], env.on_gpu)
     record["check_against"] = "reference (higher precision)" if expected is not None else None
+    fingerprint = _fingerprint(copies)
 
     for spec in P.IMPLS:
         if case.kind not in spec.kinds:
@@ -277,6 +283,11 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
         if spec.slow and not case.slow_peers:
             entry.update(status="skipped", reason="slow peer: run on the anchor and key rows only")
             continue
+        if skips and spec.name in skips:
+            entry.update(status="failed", reason=skips[spec.name])
+            continue
+        if on_impl is not None:
+            on_impl(spec.name)
         try:
             runner = spec.prepare(env, case, copies)
         except P.NotApplicable as why:
@@ -328,12 +339,45 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
         finally:
             del runner
             _free(env.on_gpu)
+        # An implementation that writes outside its outputs would corrupt the inputs of the ones
+        # after it: check, blame it, and give the rest fresh inputs.
+        if _fingerprint(copies) != fingerprint:
+            entry["check"] = "CORRUPTED ITS INPUTS"
+            entry["status"] = "failed"
+            entry["reason"] = "inputs changed while it ran (a write outside its outputs)"
+            first = build_inputs(case, env.device, seed=1000 + case_seed(case))
+            copies = [first] + [build_inputs(case, env.device, seed=1000 + case_seed(case) + i,
+                                             metadata=meta_of(first) or None)
+                                for i in range(1, copies_n)]  # fmt: skip
+            fingerprint = _fingerprint(copies)
     del copies
     _free(env.on_gpu)
     return record
 
 
 ANCHOR_NAME = "decode_B32_ctx4k_h32-8_d128_p16"
+
+
+def meta_of(inputs: dict) -> dict:
+    return {k: v for k, v in inputs.items() if k not in ("query", "kv_cache", "a", "b")}
+
+
+def _fingerprint(copies: list[dict]) -> list[int]:
+    """Exact integer checksums of every input tensor (one host sync)."""
+    import torch
+
+    sums = []
+    for inputs in copies:
+        for name in sorted(inputs):
+            t = inputs[name].contiguous()
+            bits = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+            weights = torch.arange(1, 8, device=t.device, dtype=torch.int64)
+            flat = bits.reshape(-1).to(torch.int64) if bits.numel() < (1 << 20) else None
+            if flat is not None:  # small tensors (metadata): position-weighted, catches swaps
+                sums.append((flat * weights.repeat(-(-flat.numel() // 7))[: flat.numel()]).sum())
+            else:
+                sums.append(bits.sum(dtype=torch.int64))
+    return torch.stack(sums).tolist() if sums else []
 
 
 def case_seed(case) -> int:
@@ -355,6 +399,10 @@ def _summarise(timing, case, record, ceilings) -> dict:
 
 
 # ------------------------------------------------------------------------------ driver
+PLANTED_CRASH_ENV = "XGO_BENCH_PLANTED_CRASH"  # "case-substring:impl": a worker exits there (tests)
+MAX_WORKER_RESTARTS = 12
+
+
 def select_cases(all_cases, patterns):
     if not patterns:
         return list(all_cases)
@@ -365,22 +413,191 @@ def select_cases(all_cases, patterns):
     return chosen
 
 
+def _cases_for(config: dict):
+    from benchmarks.cases import all_cases, smoke_cases
+
+    pool = all_cases(config["quick"]) if config["on_gpu"] else smoke_cases()
+    return select_cases(pool, config["patterns"])
+
+
+def _budget(config: dict) -> float:
+    if not config["on_gpu"]:
+        return 1e9
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    return min(config["budget_gb"] * 1e9, 0.3 * total)
+
+
+def _one_line(record: dict) -> str:
+    from benchmarks import report
+
+    if record.get("skipped"):
+        return f"{record['name']}: skipped ({record['skipped']})"
+    best = report.primary(record)
+    if best is None:
+        return f"{record['name']}: no implementation of ours ran"
+    name, e = best
+    return (f"{record['name']}: {name} {e['median_us']:.1f} µs, {e['frac_floor']:.2f} of floor "
+            f"{record['floor_us']:.1f} µs")  # fmt: skip
+
+
+def _run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> None:
+    """Run cases[start:] in this process; emit(event) after each step (see _run_isolated)."""
+    from tqdm import tqdm
+
+    from benchmarks.peers import BenchEnv
+
+    cases = _cases_for(config)
+    env = BenchEnv(config["on_gpu"])
+    budget = _budget(config)
+    planted = os.environ.get(PLANTED_CRASH_ENV, "") if config.get("worker") else ""
+    bar = tqdm(list(enumerate(cases))[start:], desc="cases", unit="case", file=sys.stderr,
+               disable=not config["show_progress"], mininterval=2.0)  # fmt: skip
+    for index, case in bar:
+        deadline = config.get("deadline")
+        if deadline is not None and time.time() > deadline:
+            record = {"name": case.name, "kind": case.kind, "params": case.params(),
+                      "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
+                      "skipped": f"time limit of {config['time_limit_s']:.0f} s reached"}  # fmt: skip
+        else:
+
+            def on_impl(impl, index=index, case=case):
+                emit({"event": "impl_start", "index": index, "case": case.name, "impl": impl})
+                print(f"{IMPL_MARKER} {case.name}:{impl}", file=sys.stderr, flush=True)
+                crash_case, _, crash_impl = planted.partition(":")
+                if planted and crash_case in case.name and impl == crash_impl:
+                    os._exit(3)
+
+            record = run_case(env, case, ceilings, samples=config["samples"], budget_bytes=budget,
+                              l2_bytes=config["l2_bytes"], progress=bar,
+                              skips=skips.get(case.name), on_impl=on_impl)  # fmt: skip
+        print(f"[{index + 1}/{len(cases)}] {_one_line(record)}", flush=True)
+        emit({"event": "case", "index": index, "record": record})
+    bar.close()
+
+
+IMPL_MARKER = "[xgo-bench] starting"
+
+
+def _crash_reason(stderr_text: str, returncode: int) -> str:
+    """The assertion / last error the worker printed after its last implementation started."""
+    stderr_text = stderr_text.rpartition(IMPL_MARKER)[2]
+    lines = [ln.strip() for ln in stderr_text.splitlines() if ln.strip()]
+    assertion = next((ln for ln in lines if "Assertion" in ln or "assert" in ln.lower()), "")
+    errors = [ln for ln in lines if re.search(r"Error|error:|Segmentation|Aborted|core dumped", ln)]
+    parts = [p for p in (assertion[:200], errors[-1][:200] if errors else "") if p]
+    message = " | ".join(parts) if parts else "no error message on stderr"
+    return f"worker process died (exit status {returncode}): {message}"
+
+
+def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
+    """Run the cases in worker processes; when one dies (a device-side assert poisons the CUDA
+    context for good), record the implementation it was running as failed and start a fresh
+    worker at the same case, skipping that implementation."""
+    cases = _cases_for(config)
+    records: list[dict | None] = [None] * len(cases)
+    skips: dict[str, dict[str, str]] = {}
+    ceilings = None
+    start = 0
+    with tempfile.TemporaryDirectory(prefix="xgo-bench-") as tmp:
+        tmp_dir = Path(tmp)
+        for attempt in range(MAX_WORKER_RESTARTS + 1):
+            state = tmp_dir / "state.json"
+            events = tmp_dir / f"events{attempt}.jsonl"
+            stderr_path = tmp_dir / f"worker{attempt}.err"
+            state.write_text(json.dumps({"config": {**config, "worker": True}, "start": start,
+                                         "skips": skips, "ceilings": ceilings,
+                                         "events": str(events)}))  # fmt: skip
+            with stderr_path.open("w") as err:
+                proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--worker",
+                                       str(state)], stderr=err, cwd=ROOT, check=False)  # fmt: skip
+            current = None
+            for line in events.read_text().splitlines() if events.exists() else []:
+                event = json.loads(line)
+                if event["event"] == "ceilings":
+                    ceilings = event["ceilings"]
+                elif event["event"] == "impl_start":
+                    current = event
+                elif event["event"] == "case":
+                    records[event["index"]] = event["record"]
+                    current = None
+            if proc.returncode == 0:
+                break
+            stderr_text = stderr_path.read_text(errors="replace")
+            reason = _crash_reason(stderr_text, proc.returncode)
+            print(f"worker exited with status {proc.returncode}; stderr tail:", flush=True)
+            print("\n".join(stderr_text.splitlines()[-8:]), flush=True)
+            if ceilings is None:
+                raise RuntimeError(f"the worker died before measuring the ceilings: {reason}")
+            if current is None:  # died between implementations: give up on the next case
+                index = next((i for i, r in enumerate(records) if r is None), len(cases))
+                if index >= len(cases):
+                    break
+                case = cases[index]
+                records[index] = {"name": case.name, "kind": case.kind, "params": case.params(),
+                                  "bytes": case.bytes_needed(), "flops": case.flops(),
+                                  "impls": {}, "skipped": reason}  # fmt: skip
+                start = index + 1
+            else:
+                skips.setdefault(current["case"], {})[current["impl"]] = reason
+                start = current["index"]
+                print(f"restarting at {current['case']} without {current['impl']}", flush=True)
+            if start >= len(cases):
+                break
+        else:
+            print(f"gave up after {MAX_WORKER_RESTARTS} worker restarts", flush=True)
+    done = []
+    for case, record in zip(cases, records, strict=True):
+        done.append(record or {"name": case.name, "kind": case.kind, "params": case.params(),
+                               "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
+                               "skipped": "not reached (worker restarts exhausted)"})  # fmt: skip
+    return ceilings, done
+
+
+def _measure_and_announce(config: dict) -> dict:
+    print("measuring ceilings (read, copy, matmul) ...", flush=True)
+    ceilings = measure_ceilings(config["on_gpu"], config["samples"])
+    print(f"  read {ceilings['read_gbps']:.4g} GB/s, copy {ceilings['copy_gbps']:.4g} GB/s, "
+          f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.4g} TFLOP/s",
+          flush=True)  # fmt: skip
+    return ceilings
+
+
+def worker_main(state_path: Path) -> int:
+    state = json.loads(Path(state_path).read_text())
+    config = state["config"]
+    _prepare_process(config["on_gpu"])
+    events = Path(state["events"])
+
+    def emit(event: dict) -> None:
+        with events.open("a") as f:
+            f.write(json.dumps(event, default=str) + "\n")
+
+    ceilings = state["ceilings"]
+    if ceilings is None:
+        ceilings = _measure_and_announce(config)
+        emit({"event": "ceilings", "ceilings": ceilings})
+    _run_cases(config, ceilings, state["start"], state["skips"], emit)
+    return 0
+
+
 def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=(),
                   force_cpu: bool = False, samples: int | None = None,
                   budget_gb: float = DEFAULT_BUDGET_GB, show_progress: bool = True,
-                  time_limit_s: float | None = None) -> dict:  # fmt: skip
-    """Run everything and write the result files; returns the results dict (also in JSON)."""
+                  time_limit_s: float | None = None, isolate: bool | None = None) -> dict:  # fmt: skip
+    """Run everything and write the result files; returns the results dict (also in JSON).
+
+    isolate (default: on a GPU) runs the cases in worker processes, so that a device-side
+    assert in one implementation costs that implementation only.
+    """
     on_gpu = gpu_available() and not force_cpu
     _prepare_process(on_gpu)
-    from tqdm import tqdm
-
     from benchmarks import report
-    from benchmarks.cases import all_cases, smoke_cases
-    from benchmarks.peers import BenchEnv
 
     if not on_gpu:
         print(NO_GPU_MESSAGE, flush=True)
-    samples = samples or (25 if on_gpu else 5)
+    isolate = on_gpu if isolate is None else isolate
     env_info = collect_env(on_gpu)
     env_info["mode"] = ("quick" if quick else "full") if on_gpu else "cpu-smoke"
     if out_dir is None:
@@ -388,45 +605,31 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
         out_dir = ROOT / "benchmarks" / "results" / f"{day}-{device_slug(env_info)}"
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-
-    print("measuring ceilings (read, copy, matmul) ...", flush=True)
-    ceilings = measure_ceilings(on_gpu, samples)
-    print(f"  read {ceilings['read_gbps']:.4g} GB/s, copy {ceilings['copy_gbps']:.4g} GB/s, "
-          f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.4g} TFLOP/s",
-          flush=True)  # fmt: skip
-    l2 = ((env_info["gpu"] or {}).get("l2_bytes") or 60 * 2**20) if on_gpu else 2**20
-    if on_gpu:
-        import torch
-
-        total = torch.cuda.get_device_properties(0).total_memory
-        budget = min(budget_gb * 1e9, 0.3 * total)
-    else:
-        budget = 1e9
-    cases = select_cases(smoke_cases() if not on_gpu else all_cases(quick), patterns)
-    env = BenchEnv(on_gpu)
-    records = []
-    results = {
-        "env": env_info,
-        "ceilings": ceilings,
-        "budget_bytes": budget,
-        "l2_bytes": l2,
-        "samples_per_measurement": samples,
-        "cases": records,
+    config = {
+        "on_gpu": on_gpu,
+        "quick": quick,
+        "patterns": list(patterns),
+        "samples": samples or (25 if on_gpu else 5),
+        "budget_gb": budget_gb,
+        "show_progress": show_progress,
+        "time_limit_s": time_limit_s,
+        "deadline": None if time_limit_s is None else time.time() + time_limit_s,
+        "l2_bytes": ((env_info["gpu"] or {}).get("l2_bytes") or 60 * 2**20) if on_gpu else 2**20,
     }
-    started = time.monotonic()
-    bar = tqdm(cases, desc="cases", unit="case", disable=not show_progress, file=sys.stderr,
-               mininterval=2.0)  # fmt: skip
-    for case in bar:
-        if time_limit_s is not None and time.monotonic() - started > time_limit_s:
-            records.append({"name": case.name, "kind": case.kind, "params": case.params(),
-                            "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                            "skipped": f"time limit of {time_limit_s:.0f} s reached"})  # fmt: skip
-            continue
-        records.append(run_case(env, case, ceilings, samples=samples, budget_bytes=budget,
-                                l2_bytes=l2, progress=bar))  # fmt: skip
-        # partial results after every case: a run cut short still leaves its numbers
-        (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    bar.close()
+    _cases_for(config)  # fail fast on a --cases pattern that matches nothing
+    results = {"env": env_info, "config": config, "ceilings": None, "cases": []}
+    if isolate:
+        results["ceilings"], results["cases"] = _run_isolated(config)
+    else:
+        results["ceilings"] = _measure_and_announce(config)
+
+        def emit(event: dict) -> None:
+            if event["event"] == "case":
+                results["cases"].append(event["record"])
+                # partial results after every case: a run cut short still leaves its numbers
+                (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+        _run_cases(config, results["ceilings"], 0, {}, emit)
     results["verdicts"] = report.verdicts(results)
     table = report.markdown(results)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -450,10 +653,19 @@ def main(argv=None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds after which the remaining cases are skipped (recorded)")  # fmt: skip
+    isolation = parser.add_mutually_exclusive_group()
+    isolation.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                           help="worker processes (default on a GPU)")  # fmt: skip
+    isolation.add_argument("--no-isolate", dest="isolate", action="store_false",
+                           help="everything in this process")  # fmt: skip
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args.worker)
     run_benchmark(args.out, quick=args.quick, patterns=tuple(args.cases), force_cpu=args.cpu,
                   samples=args.samples, budget_gb=args.budget_gb,
-                  show_progress=not args.no_progress, time_limit_s=args.time_limit)  # fmt: skip
+                  show_progress=not args.no_progress, time_limit_s=args.time_limit,
+                  isolate=args.isolate)  # fmt: skip
     return 0
 
 

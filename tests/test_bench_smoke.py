@@ -131,3 +131,44 @@ def test_quick_grid_keeps_required_rows():
     assert kinds == {"decode", "mixed", "prefill", "simple_add", "overhead_decode"}
     full = all_cases(quick=False)
     assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3
+
+
+def test_isolated_run_survives_a_dying_worker(tmp_path):
+    """A worker that dies inside one implementation (as after a device-side assert) costs that
+    implementation only: a fresh worker resumes the same case without it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        run.PLANTED_CRASH_ENV: "smoke_simple_add:reference",
+    }
+    cmd = [sys.executable, "-m", "benchmarks.run", "--cpu", "--isolate", "--no-progress",
+           "--samples", "2", "--cases", "smoke_simple_add", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "restarting at smoke_simple_add_4k without reference" in proc.stdout
+    (case,) = json.loads((tmp_path / "results.json").read_text())["cases"]
+    dead = case["impls"]["reference"]
+    assert dead["status"] == "failed"
+    assert "exit status 3" in dead["reason"]
+    others = {k: v["status"] for k, v in case["impls"].items() if k != "reference"}
+    assert others
+    assert all(s in ("ok", "n/a", "failed") for s in others.values()), others
+    assert (tmp_path / "plot.png").is_file()
+    assert (tmp_path / "table.md").is_file()
+
+
+def test_crash_reason_reads_past_the_last_marker():
+    noise = "RuntimeError: startup noise\n"
+    text = (
+        f"{noise}{run.IMPL_MARKER} a:b\nIndexKernel.cu:111: Assertion `index out of bounds` failed.\n"
+        "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
+    )
+    reason = run._crash_reason(text, -6)
+    assert "exit status -6" in reason
+    assert "index out of bounds" in reason
+    assert "device-side assert" in reason
+    assert "startup noise" not in reason

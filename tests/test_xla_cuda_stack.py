@@ -1,0 +1,440 @@
+"""torch_xla on XLA:CUDA, the pinned legacy stack (locks/xla-cuda.txt, `nox -s xla_cuda`).
+
+Runs under both torch_xla stacks; each test says which one it needs:
+- any stack: client options, the plugin's PJRT C API version and GPU custom-call extension (read
+  from the .so, no GPU), the custom-call ABI in the HLO on XLA:CPU (legacy api_version 2 with the
+  packed config as opaque, typed FFI api_version 4 with attributes);
+- torch_xla 2.7 (the xla-cuda stack): the plugin loads in a subprocess, PJRT version negotiation
+  succeeds and client creation stops at "No visible GPU devices" on a CPU-only machine;
+- torch_xla >= 2.9: one clear error instead of XLA:CUDA;
+- a CUDA GPU + torch_xla 2.7: the ops through the lazy path and torch.compile(backend="openxla").
+Subprocesses: plugin loading and the GPU runs need a fresh XLA runtime (this process may already
+run XLA:CPU) and a failed CUDA client may abort the process.
+"""
+
+from __future__ import annotations
+
+import codecs
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xla_cuda
+
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+HAS_PLUGIN = importlib.util.find_spec("jax_plugins") is not None
+needs_torch_xla = pytest.mark.skipif(not HAS_TORCH_XLA, reason="needs torch_xla")
+needs_plugin = pytest.mark.skipif(
+    not (HAS_TORCH_XLA and HAS_PLUGIN), reason="needs torch_xla and jax-cuda12-pjrt"
+)
+
+from xla_gpu_ops import xla_cuda  # noqa: E402  (imports no framework)
+
+
+def torch_xla_version() -> tuple[int, int]:
+    return xla_cuda.torch_xla_version() if HAS_TORCH_XLA else (0, 0)
+
+
+IS_LEGACY_STACK = HAS_TORCH_XLA and torch_xla_version() < xla_cuda.FIRST_RELEASE_WITHOUT_CUDA
+needs_legacy_stack = pytest.mark.skipif(
+    not (IS_LEGACY_STACK and HAS_PLUGIN),
+    reason="needs torch_xla 2.7 + jax-cuda12-pjrt 0.5.3 (locks/xla-cuda.txt, nox -s xla_cuda)",
+)
+
+
+def cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+TESTS_DIR = Path(__file__).resolve().parent
+SUBPROCESS_TIMEOUT_S = 600  # importing torch_xla alone takes 30 s on a busy 2-core machine
+
+
+def run_python(code: str, env: dict[str, str], log_path: Path) -> str:
+    """Run `code` in a fresh interpreter; return stdout+stderr (interleaved), also saved to log_path."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+    log_path.write_text(result.stdout)
+    assert result.returncode == 0, (
+        f"exit {result.returncode}; log {log_path}:\n{result.stdout[-4000:]}"
+    )
+    return result.stdout
+
+
+def assert_lines_in_order(log: str, patterns: list[str]) -> None:
+    """Each regex matches a line of `log`, each after the previous one's line."""
+    lines = log.splitlines()
+    position = 0
+    for pattern in patterns:
+        for index in range(position, len(lines)):
+            if re.search(pattern, lines[index]):
+                position = index + 1
+                break
+        else:
+            raise AssertionError(
+                f"no line matching {pattern!r} after line {position}:\n{log[-4000:]}"
+            )
+
+
+# ---------------------------------------------------------------------------- any stack
+def test_client_options_from_env(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PJRT_LOCAL_PROCESS_RANK",
+                 "PJRT_LOCAL_PROCESS_COUNT"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(xla_cuda.ALLOCATOR_ENV, "cuda_async")
+    monkeypatch.setenv(xla_cuda.MEMORY_FRACTION_ENV, "0.5")
+    monkeypatch.setenv(xla_cuda.PREALLOCATE_ENV, "false")
+    monkeypatch.setenv(xla_cuda.VISIBLE_DEVICES_ENV, "1,0")
+    assert xla_cuda.client_options_from_env() == {
+        "platform_name": "gpu", "allocator": "cuda_async", "memory_fraction": 0.5,
+        "preallocate": False, "visible_devices": [1, 0], "node_id": 0, "num_nodes": 1,
+    }  # fmt: skip
+    for name in (xla_cuda.ALLOCATOR_ENV, xla_cuda.MEMORY_FRACTION_ENV, xla_cuda.PREALLOCATE_ENV,
+                 xla_cuda.VISIBLE_DEVICES_ENV):  # fmt: skip
+        monkeypatch.delenv(name)
+    # torchrun, 2 local processes: one GPU each, node id = global rank
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert xla_cuda.client_options_from_env() == {
+        "platform_name": "gpu", "visible_devices": [1], "node_id": 3, "num_nodes": 4,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        (xla_cuda.ALLOCATOR_ENV, "tcmalloc"),
+        (xla_cuda.MEMORY_FRACTION_ENV, "1.5"),
+        (xla_cuda.MEMORY_FRACTION_ENV, "half"),
+        (xla_cuda.PREALLOCATE_ENV, "maybe"),
+        (xla_cuda.VISIBLE_DEVICES_ENV, "0,0"),
+        (xla_cuda.VISIBLE_DEVICES_ENV, "gpu0"),
+    ],
+)
+def test_bad_client_option_names_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"^{name}="):
+        xla_cuda.client_options_from_env()
+
+
+@needs_plugin
+def test_plugin_speaks_the_pjrt_api_of_the_installed_torch_xla():
+    """Read from the plugin .so itself (GetPjrtApi), no GPU: 0.67 for 2.7, 0.75 for 2.9."""
+    version = torch_xla_version()
+    assert xla_cuda.plugin_pjrt_api_version() == xla_cuda.FRAMEWORK_PJRT_API[version]
+    xla_cuda.check_plugin_matches_torch_xla()
+    # The extension torch_xla 2.7's _xla_register_custom_call_target registers through.
+    assert xla_cuda.has_gpu_custom_call_extension(), xla_cuda.plugin_extension_types()
+
+
+@needs_plugin
+def test_mismatched_plugin_is_refused(monkeypatch):
+    installed = torch_xla_version()
+    other = next(v for v in xla_cuda.FRAMEWORK_PJRT_API if v != installed)
+    monkeypatch.setattr(xla_cuda, "torch_xla_version", lambda: other)
+    with pytest.raises(
+        RuntimeError, match=re.escape(f"jax-cuda12-pjrt=={xla_cuda.MATCHING_PLUGIN[other]}")
+    ):
+        xla_cuda.check_plugin_matches_torch_xla()
+
+
+@needs_torch_xla
+def test_torch_xla_without_cuda_gets_one_clear_error(monkeypatch):
+    """torch_xla >= 2.9: register_plugin/register_legacy_targets refuse before touching the runtime."""
+    if IS_LEGACY_STACK:  # on 2.7 pretend to be 2.9 (only the version decides)
+        monkeypatch.setattr(xla_cuda, "torch_xla_version", lambda: (2, 9))
+    major, minor = xla_cuda.torch_xla_version()
+    for entry_point in (xla_cuda.register_plugin, xla_cuda.register_legacy_targets):
+        with pytest.raises(xla_cuda.XlaCudaUnsupportedError) as raised:
+            entry_point()
+        message = str(raised.value)
+        assert f"torch_xla {major}.{minor} has no XLA:CUDA" in message
+        assert "locks/xla-cuda.txt" in message
+        assert "nox -s xla_cuda" in message
+
+
+# ---------------------------------------------------------------------------- HLO on XLA:CPU
+def hlo_custom_call_line(tensor) -> str:
+    import torch_xla
+
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([tensor])
+    lines = [line for line in hlo.splitlines() if " custom-call(" in line]
+    assert len(lines) == 1, hlo
+    return lines[0]
+
+
+def hlo_opaque(line: str) -> bytes:
+    """The backend_config of a legacy custom call, C-unescaped as XLA printed it."""
+    match = re.search(r'backend_config="((?:[^"\\]|\\.)*)"', line)
+    assert match, line
+    return codecs.escape_decode(match.group(1).encode())[0]
+
+
+def built_library() -> None:
+    from xla_gpu_ops import _library
+
+    if not _library.is_built():
+        pytest.skip(f"needs the built library ({_library.library_path()}): nox -s build")
+
+
+ABIS = [None, "legacy", "ffi"]  # None: the default of the installed torch_xla
+
+
+@needs_torch_xla
+@pytest.mark.parametrize("abi", ABIS, ids=["default", "legacy", "ffi"])
+def test_simple_add_custom_call_abi_in_hlo(monkeypatch, abi):
+    import torch
+    import torch_xla
+
+    import xla_gpu_ops
+    from xla_gpu_ops import _library
+    from xla_gpu_ops import torch_xla as xla_binding
+
+    built_library()
+    monkeypatch.setenv(xla_binding.IMPL_ENV, "custom_call")  # on XLA:CPU the default is composite
+    if abi is None:
+        monkeypatch.delenv(xla_binding.ABI_ENV, raising=False)
+        abi = "legacy" if IS_LEGACY_STACK else "ffi"
+    else:
+        monkeypatch.setenv(xla_binding.ABI_ENV, abi)
+    assert xla_binding.custom_call_abi() == abi
+    device = torch_xla.device()
+    a = torch.randn(5, 7, dtype=torch.bfloat16)
+    b = torch.randn(5, 7, dtype=torch.bfloat16)
+    line = hlo_custom_call_line(xla_gpu_ops.simple_add(a.to(device), b.to(device)))
+    if abi == "legacy":
+        assert 'custom_call_target="xla_gpu_simple_add_legacy"' in line
+        assert "api_version=API_VERSION_STATUS_RETURNING" in line
+        expected = _library.SimpleAddConfig(
+            magic=_library.SIMPLE_ADD_MAGIC, version=1, dtype=_library.XgoDtype.BF16,
+            reserved=0, num_elements=35,
+        )  # fmt: skip
+        assert hlo_opaque(line) == bytes(expected)
+    else:
+        assert 'custom_call_target="xla_gpu_simple_add"' in line
+        assert "api_version=API_VERSION_TYPED_FFI" in line
+
+
+@needs_torch_xla
+@pytest.mark.parametrize("abi", ABIS, ids=["default", "legacy", "ffi"])
+def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
+    import torch
+    import torch_xla
+    from paged_inputs import MIXED, make_paged_inputs
+
+    import xla_gpu_ops
+    from xla_gpu_ops import _library
+    from xla_gpu_ops import torch_xla as xla_binding
+
+    built_library()
+    monkeypatch.setenv(xla_binding.IMPL_ENV, "custom_call")
+    if abi is None:
+        monkeypatch.delenv(xla_binding.ABI_ENV, raising=False)
+        abi = "legacy" if IS_LEGACY_STACK else "ffi"
+    else:
+        monkeypatch.setenv(xla_binding.ABI_ENV, abi)
+    inputs = make_paged_inputs(MIXED, 8, 2, 128, 16, torch.float16, seed=7, pad_tokens=3)
+    device = torch_xla.device()
+    out = xla_gpu_ops.paged_attention(
+        **{name: t.to(device) for name, t in inputs.items()},
+        scale=0.0625, sliding_window=40, soft_cap=30.0,
+    )  # fmt: skip
+    line = hlo_custom_call_line(out)
+    num_tokens = inputs["query"].shape[0]
+    num_pages = inputs["kv_cache"].shape[0]
+    max_num_seqs, pages_per_seq = inputs["block_tables"].shape
+    config = _library.PagedAttentionConfig(
+        magic=_library.PAGED_ATTENTION_MAGIC, version=1, dtype=_library.XgoDtype.F16, reserved=0,
+        num_tokens=num_tokens, num_q_heads=8, num_kv_heads=2, head_dim=128, num_pages=num_pages,
+        page_size=16, max_num_seqs=max_num_seqs, pages_per_seq=pages_per_seq, sliding_window=40,
+        scale=0.0625, soft_cap=30.0,
+    )  # fmt: skip
+    workspace = _library.paged_attention_workspace_elems(config)
+    # outputs: (out, float32 workspace sized from static shapes)
+    assert f"(f16[{num_tokens},8,128]{{2,1,0}}, f32[{workspace}]{{0}}) custom-call(" in line
+    if abi == "legacy":
+        assert 'custom_call_target="xla_gpu_paged_attention_legacy"' in line
+        assert "api_version=API_VERSION_STATUS_RETURNING" in line
+        assert hlo_opaque(line) == bytes(config)
+    else:
+        assert 'custom_call_target="xla_gpu_paged_attention"' in line
+        assert "api_version=API_VERSION_TYPED_FFI" in line
+        assert (
+            "backend_config={scale = 0.0625 : f32, sliding_window = 40 : i64, soft_cap = 30.0 : f32}"
+            in line
+        ), line
+
+
+# ---------------------------------------------------------------------------- torch_xla 2.7, no GPU
+@needs_legacy_stack
+def test_plugin_negotiates_pjrt_version_then_stops_at_no_gpu(artifacts_dir):
+    """Wiring, paths, versions and client options are right: only the missing GPU stops it.
+
+    Every client option is set, so an option name or type the plugin rejects would fail first
+    ("Unexpected option name passed to PJRT_Client_Create" / a type error).
+    """
+    if cuda_visible():
+        pytest.skip("a CUDA GPU is visible: the GPU tests below use the plugin for real")
+    code = """
+        from xla_gpu_ops import xla_cuda
+        assert xla_cuda.show_xla_info_logs()
+        plugin = xla_cuda.register_plugin()
+        print("OPTIONS", sorted(plugin.client_create_options()), flush=True)
+        try:
+            xla_cuda.register_legacy_targets()  # creates the CUDA client first
+        except RuntimeError as error:
+            print("RAISED", str(error).splitlines()[0], flush=True)
+        else:
+            print("REGISTERED without a GPU?", flush=True)
+    """
+    env = {
+        xla_cuda.ALLOCATOR_ENV: "cuda_async",
+        xla_cuda.MEMORY_FRACTION_ENV: "0.5",
+        xla_cuda.PREALLOCATE_ENV: "0",
+        xla_cuda.VISIBLE_DEVICES_ENV: "0",
+        "PJRT_DEVICE": "CPU",  # what the nox session sets; register_plugin must switch to CUDA
+    }
+    log = run_python(code, env, artifacts_dir / "plugin_load.log")
+    plugin_path = re.escape(str(xla_cuda.plugin_library_path()))
+    assert_lines_in_order(
+        log,
+        [
+            r"^OPTIONS \['allocator', 'memory_fraction', 'node_id', 'num_nodes', 'platform_name', "
+            r"'preallocate', 'visible_devices'\]$",
+            rf"pjrt_api\.cc:\d+\] GetPjrtApi was found for cuda at {plugin_path}$",
+            r"pjrt_api\.cc:\d+\] PJRT_Api is set for device type cuda$",
+            r"pjrt_api\.cc:\d+\] The PJRT plugin has PJRT API version 0\.67\. "
+            r"The framework PJRT API version is 0\.67\.$",
+            r"^RAISED Bad StatusOr access: FAILED_PRECONDITION: No visible GPU devices\.$",
+        ],
+    )
+    assert "Unexpected option name" not in log
+    assert "Mismatched PJRT plugin" not in log
+
+
+@needs_legacy_stack
+def test_client_options_reach_the_plugin(artifacts_dir):
+    """An allocator the plugin does not know comes back as the plugin's own error."""
+    if cuda_visible():
+        pytest.skip("a CUDA GPU is visible: the GPU tests below use the plugin for real")
+    code = """
+        from xla_gpu_ops import xla_cuda
+        plugin = xla_cuda.register_plugin()
+        # bypass the Python-side check to see the plugin's answer
+        type(plugin).client_create_options = lambda self: {"platform_name": "gpu", "allocator": "bogus"}
+        import torch_xla
+        try:
+            torch_xla.device()
+        except RuntimeError as error:
+            print("RAISED", str(error).splitlines()[0], flush=True)
+    """
+    log = run_python(code, {}, artifacts_dir / "bogus_allocator.log")
+    assert_lines_in_order(
+        log, [r"^RAISED .*Allocator bogus not supported for PJRT GPU plugin\. Supported allocator "
+              r"options are: 'default', 'platform', 'bfc' and 'cuda_async'\.$"]
+    )  # fmt: skip
+
+
+@needs_legacy_stack
+def test_register_legacy_targets_needs_the_cuda_plugin(monkeypatch):
+    """On the XLA:CPU runtime, torch_xla 2.7 would register into its own XLA: refuse instead."""
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    with pytest.raises(
+        RuntimeError, match=r"runtime is on 'CPU', not the CUDA plugin.*register_plugin"
+    ):
+        xla_cuda.register_legacy_targets()
+
+
+# ---------------------------------------------------------------------------- a GPU + torch_xla 2.7
+GPU_SCRIPT = """
+    import json, sys
+    sys.path.insert(0, {tests_dir!r})
+    import torch
+    from xla_gpu_ops import xla_cuda
+    xla_cuda.register_plugin()
+    import torch_xla, torch_xla.core.xla_model as xm
+    import xla_gpu_ops
+    from xla_gpu_ops import reference
+    from paged_inputs import MIXED, default_scale, make_paged_inputs
+
+    def rel_l2(actual, expected):
+        actual, expected = actual.double().cpu(), expected.double().cpu()
+        if not torch.isfinite(actual).all():
+            return float("inf")
+        return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+    device = torch_xla.device()
+    results = {{"hardware": xm.xla_device_hw(device), "targets": xla_cuda.register_legacy_targets()}}
+
+    a, b = torch.randn(1000, 3), torch.randn(1000, 3)
+    out = xla_gpu_ops.simple_add(a.to(device), b.to(device))
+    results["simple_add_hlo"] = [l for l in torch_xla._XLAC._get_xla_tensors_hlo([out]).splitlines()
+                                 if "custom-call(" in l]
+    xm.mark_step()
+    results["simple_add_lazy_max_err"] = (out.cpu() - (a + b)).abs().max().item()
+
+    head_dim, scale = 128, default_scale(128)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        inputs = make_paged_inputs(MIXED, 8, 2, head_dim, 16, dtype, seed={seed}, pad_tokens=3)
+        expected = reference.paged_attention(**inputs, scale=scale, sliding_window=64, soft_cap=30.0,
+                                             compute_dtype=torch.float64)
+        on_xla = {{name: t.to(device) for name, t in inputs.items()}}
+        lazy = xla_gpu_ops.paged_attention(**on_xla, scale=scale, sliding_window=64, soft_cap=30.0)
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo([lazy])
+        results[f"paged_attention_{{dtype}}_legacy_call"] = 'custom_call_target="xla_gpu_paged_attention_legacy"' in hlo
+        xm.mark_step()
+        results[f"paged_attention_{{dtype}}_lazy_rel_l2"] = rel_l2(lazy, expected)
+
+        def attend(q, kv, lens, tables, starts, n):
+            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale, 64, 30.0)
+
+        compiled = torch.compile(attend, backend="openxla", fullgraph=True)
+        dynamo = compiled(*(on_xla[name] for name in ("query", "kv_cache", "context_lens",
+                                                      "block_tables", "query_start_loc", "num_seqs")))
+        results[f"paged_attention_{{dtype}}_dynamo_rel_l2"] = rel_l2(dynamo, expected)
+    print("RESULTS " + json.dumps(results, default=str), flush=True)
+"""
+GPU_TOLERANCE = {"torch.float32": 1e-4, "torch.float16": 2e-3, "torch.bfloat16": 2e-2}
+
+
+@pytest.mark.gpu
+@needs_legacy_stack
+def test_ops_on_xla_cuda_lazy_and_openxla_dynamo(artifacts_dir):
+    """simple_add and paged_attention on a real GPU through torch_xla 2.7 + the CUDA PJRT plugin."""
+    if not cuda_visible():
+        pytest.skip("needs a CUDA GPU")
+    seed = int.from_bytes(os.urandom(4), "little")
+    code = GPU_SCRIPT.format(tests_dir=str(TESTS_DIR), seed=seed)
+    log = run_python(code, {"PJRT_DEVICE": "CPU"}, artifacts_dir / "xla_cuda_gpu.log")
+    (line,) = [line for line in log.splitlines() if line.startswith("RESULTS ")]
+    results = json.loads(line.removeprefix("RESULTS "))
+    (artifacts_dir / "results.json").write_text(json.dumps(results, indent=2))
+    assert results["hardware"] == "CUDA", results
+    assert results["targets"] == [op.legacy_target for op in xla_cuda.OPS]
+    assert any(
+        'custom_call_target="xla_gpu_simple_add_legacy"' in hlo for hlo in results["simple_add_hlo"]
+    )
+    assert results["simple_add_lazy_max_err"] == 0.0, results
+    for dtype, tolerance in GPU_TOLERANCE.items():
+        assert results[f"paged_attention_{dtype}_legacy_call"], (dtype, results)
+        for path in ("lazy", "dynamo"):
+            error = results[f"paged_attention_{dtype}_{path}_rel_l2"]
+            assert error < tolerance, f"{dtype} {path}: rel L2 {error} (seed {seed})"

@@ -164,5 +164,24 @@ def lock(session: nox.Session) -> None:
         )  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# torch_xla on XLA:CUDA, the pinned legacy stack (docs/TORCH_XLA_GPU.md)
+@nox.session(python=PYTHON, requires=["build"], default=False)
+def xla_cuda(session: nox.Session) -> None:
+    """torch_xla 2.7 + its CUDA PJRT plugin (locks/xla-cuda.txt): the xla_cuda and torch_xla tests.
+
+    With `nox -s tests` (torch_xla 2.9, default lock) the same torch_xla tests cover both torch_xla
+    versions. PJRT_DEVICE=CPU keeps the XLA:CPU tests on XLA:CPU on a GPU host (torch_xla 2.7
+    would otherwise pick CUDA on its own); the GPU tests start their own process on the plugin.
+    """
+    install_lock(session, "xla-cuda")
+    install_package(session)
+    ARTIFACTS.mkdir(exist_ok=True)
+    session.run(
+        "pytest", "-m", "xla_cuda or torch_xla", *session.posargs,
+        env={"XLA_GPU_OPS_ARTIFACTS": str(ARTIFACTS), "PJRT_DEVICE": "CPU"},
+    )  # fmt: skip
+
+
 if __name__ == "__main__":
     nox.main()

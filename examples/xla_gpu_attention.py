@@ -31,6 +31,7 @@ import importlib.util
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,12 +385,14 @@ class Report:
     errors: dict[str, dict[str, float]]  # mode -> column -> relative L2
     tolerance: float
     skipped: dict[str, str]
+    crashed: dict[str, str] = field(default_factory=dict)  # mode -> the exception it raised
 
     @property
     def failures(self) -> list[str]:
         return [f"{mode}: {column} rel L2 {err:.2e} > {self.tolerance:.0e}"
                 for mode, columns in self.errors.items() for column, err in columns.items()
-                if not err <= self.tolerance]  # fmt: skip
+                if not err <= self.tolerance] + [
+                f"{mode}: crashed: {why}" for mode, why in self.crashed.items()]  # fmt: skip
 
     def table(self) -> str:
         columns = list(next(iter(self.errors.values())))
@@ -402,6 +405,7 @@ class Report:
             )
         lines.append(f"(relative L2; tolerance {self.tolerance:.0e})")
         lines += [f"{mode:<10} skipped: {why}" for mode, why in self.skipped.items()]
+        lines += [f"{mode:<10} CRASHED: {why}" for mode, why in self.crashed.items()]
         return "\n".join(lines)
 
 
@@ -409,7 +413,15 @@ def run(modes: list[str], scenario: Scenario) -> Report:
     """Run `modes` (always with cpu as the baseline) and measure every disagreement."""
     skipped = {m: why for m in modes if (why := unavailable_reason(m)) is not None}
     to_run = ["cpu"] + [m for m in modes if m != "cpu" and m not in skipped]
-    results = {mode: RUNNERS[mode](scenario) for mode in to_run}
+    results, crashed = {}, {}
+    for mode in to_run:
+        try:
+            results[mode] = RUNNERS[mode](scenario)
+        except Exception as error:  # report it with the other modes' results, then fail
+            if mode == "cpu":
+                raise
+            traceback.print_exc()
+            crashed[mode] = f"{type(error).__name__}: {error}"
     oracle = dense_oracle(scenario)
     baseline = results["cpu"]
     errors = {}
@@ -425,7 +437,7 @@ def run(modes: list[str], scenario: Scenario) -> Report:
     columns = list(dict.fromkeys(c for errs in errors.values() for c in errs))
     errors = {m: {c: errs.get(c, 0.0) for c in columns} for m, errs in errors.items()}
     tolerance = REL_L2_TOL[scenario.kv_cache.dtype]
-    return Report(results, oracle, errors, tolerance, skipped)
+    return Report(results, oracle, errors, tolerance, skipped, crashed)
 
 
 def main(argv: list[str] | None = None) -> int:

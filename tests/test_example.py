@@ -102,6 +102,18 @@ def test_script_fails_when_modes_disagree(monkeypatch, capsys):
     assert "cuda: decode vs f64" in capsys.readouterr().err
 
 
+def test_script_reports_a_crashing_mode_and_fails(monkeypatch, capsys):
+    def crash(scenario):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setitem(example.RUNNERS, "cuda", crash)
+    monkeypatch.setattr(example, "unavailable_reason", lambda mode: None)
+    assert example.main(["--mode", "cuda", "--seed", str(fresh_seed())]) == 1
+    captured = capsys.readouterr()
+    assert "cuda       CRASHED: RuntimeError: planted failure" in captured.out
+    assert "cpu        CPU (reference impl)" in captured.out  # the other modes still reported
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a missing GPU")
 def test_script_refuses_an_unavailable_mode_with_the_reason(capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -104,6 +104,16 @@ def register(*envs: Any) -> None:
             # is_jax_function: torchax unwraps tensors to jax arrays before the call and wraps
             # the returned array back into a torchax tensor.
             ops_registry.register_torch_dispatch_op(overload, lowering, is_jax_function=True)
-        for env in (torchax.env, *envs):  # torchax.env: the default env, None until first use
+        for env in (_existing_default_env(torchax), *envs):
             if env is not None:
                 env.load_ops()
+
+
+def _existing_default_env(torchax_module: Any) -> Any:
+    """torchax's default environment if it was already created, else None (creating it here
+    would start jax early). torchax 0.0.13 from PyPI keeps it in `_env`, older builds in `env`;
+    if neither exists, create it, so the lowerings are never silently missing from it."""
+    for name in ("_env", "env"):
+        if hasattr(torchax_module, name):
+            return getattr(torchax_module, name)
+    return torchax_module.default_env()

@@ -21,6 +21,7 @@ Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the sa
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -325,14 +326,20 @@ def prepare_torch_flex_paged(env, case, copies):
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    if not env.on_gpu:
-        raise NotApplicable("needs a CUDA GPU (compiled Triton kernel)")
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
     scale = scale_of(case)
     page, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
-    flex = torch.compile(flex_attention, dynamic=False)
-    ctx = case.seqs[0][1]
+    # compiled (Triton) on a GPU; the CPU smoke run uses eager flex_attention (same code path)
+    if env.on_gpu:
+        flex = torch.compile(flex_attention, dynamic=False)
+    else:
+
+        def flex(*args, **kwargs):
+            with warnings.catch_warnings():  # eager flex warns that it is not the fast path
+                warnings.simplefilter("ignore", UserWarning)
+                return flex_attention(*args, **kwargs)
+
     calls = []
     for c in copies:
         q4, tables, npp = _dense_layout(case, c)
@@ -351,21 +358,25 @@ def prepare_torch_flex_paged(env, case, copies):
             return (block >= 0) & (block * page + kv_idx % page < lens[b])
 
         kv_num_blocks = torch.full((case.batch, 1, 1), npp, dtype=torch.int32, device=env.device)
-        kv_indices = tables.to(torch.int32)[:, None, None, :].contiguous()
+        # kv_indices hold physical page numbers, so it needs one column per physical page
+        # (as torch's PagedAttention.convert_logical_block_mask does): BlockMask builds a dense
+        # [.., columns] map from it, and an index past the columns is out of bounds (on a GPU, a
+        # device-side assert that ends the process).
+        kv_indices = torch.zeros(
+            (case.batch, 1, 1, num_pages), dtype=torch.int32, device=env.device
+        )
+        kv_indices[:, 0, 0, :npp] = tables.to(torch.int32)
         block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(128, page),
                                               mask_mod=mask_mod,
                                               seq_lengths=(1, num_pages * page))  # fmt: skip
         calls.append(lambda q4=q4, k=k_cache, v=v_cache, bm=block_mask: flex(
             q4, k, v, block_mask=bm, scale=scale, enable_gqa=True))  # fmt: skip
-    del ctx
     return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
                   notes="torch.compile(flex_attention), K/V caches transposed outside timing")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ jax peers
 def prepare_jax_pallas_paged(env, case, copies):
-    if not env.on_gpu:
-        raise NotApplicable("needs a CUDA GPU (Pallas Triton kernel)")
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
     from jax.experimental.pallas.ops.gpu import paged_attention as pallas_pa
@@ -390,8 +401,10 @@ def prepare_jax_pallas_paged(env, case, copies):
     def op(q, s):
         k_pages, v_pages, tables, lens = s
         qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+        # the CPU smoke run uses Pallas' interpreter (same wrapper, no Triton)
         return pallas_pa.paged_attention(qs, k_pages, v_pages, tables, lens, k_splits=k_splits,
-                                         pages_per_compute_block=pages_per_block)  # fmt: skip
+                                         pages_per_compute_block=pages_per_block,
+                                         interpret=not env.on_gpu)  # fmt: skip
 
     return _jax_runner(env, op, env.to_jax(copies[0]["query"]), sets, None,
                        f"k_splits={k_splits}, pages_per_compute_block={pages_per_block}, XLA defaults")  # fmt: skip

@@ -1,0 +1,53 @@
+"""The installed stack is the locked one: versions match locks/default.txt and files match RECORD."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+LOCK = Path(__file__).parents[1] / "locks" / "default.txt"
+# Pure-Python front ends whose code we call into; cheap to hash file by file.
+HASHED_DISTRIBUTIONS = ("torchax", "jax", "flax")
+
+
+def locked_versions() -> dict[str, str]:
+    pins = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", LOCK.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+@pytest.mark.parametrize("name", ["torch", "torch-xla", "jax", "jaxlib", "torchax", "flax"])
+def test_installed_version_is_locked(name):
+    try:
+        installed = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{name} is not installed in this environment (not the default stack)")
+    expected = locked_versions()[name]
+    if installed.split("+")[0] != expected:
+        pytest.skip(f"{name} {installed} is not the default stack's {expected} (another stack)")
+    assert installed.split("+")[0] == expected
+
+
+@pytest.mark.parametrize("name", HASHED_DISTRIBUTIONS)
+def test_installed_files_match_record(name):
+    """A wheel's files must hash to its RECORD: catches a corrupted cache serving other contents."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{name} is not installed")
+    record = dist.read_text("RECORD")
+    assert record, f"{name} has no RECORD"
+    mismatched = []
+    for row in csv.reader(record.splitlines()):
+        if len(row) < 2 or not row[1].startswith("sha256="):
+            continue
+        path = Path(str(dist.locate_file(row[0])))
+        digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest())
+        if digest.rstrip(b"=").decode() != row[1].removeprefix("sha256="):
+            mismatched.append(row[0])
+    assert not mismatched, f"{name}: files differ from the wheel's RECORD: {mismatched[:5]}"

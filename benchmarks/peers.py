@@ -466,6 +466,7 @@ class ImplSpec:
     kinds: frozenset[str]
     slow: bool  # only on cases marked slow_peers
     prepare: Callable[[BenchEnv, Case, list[dict]], Runner]
+    anchor_only: bool = False  # on a GPU, only the anchor case (compiles per shape for long)
 
 
 PAGED = frozenset({"decode", "mixed", "prefill"})
@@ -490,7 +491,14 @@ IMPLS: tuple[ImplSpec, ...] = (
         prepare_torch_sdpa_contiguous,
     ),
     ImplSpec("torch_gather_sdpa", "peer", PAGED, True, prepare_torch_gather_sdpa),
-    ImplSpec("torch_flex_paged", "peer", frozenset({"decode"}), True, prepare_torch_flex_paged),
+    ImplSpec(
+        "torch_flex_paged",
+        "peer",
+        frozenset({"decode"}),
+        True,
+        prepare_torch_flex_paged,
+        anchor_only=True,
+    ),
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
     ImplSpec("reference", "peer", ALL, False, prepare_reference),

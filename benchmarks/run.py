@@ -293,6 +293,9 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
         if spec.slow and not case.slow_peers:
             entry.update(status="skipped", reason="slow peer: run on the anchor and key rows only")
             continue
+        if spec.anchor_only and env.on_gpu and case.name != ANCHOR_NAME:
+            entry.update(status="skipped", reason="compiles per shape (tens of s): anchor only")
+            continue
         if skips and spec.name in skips:
             entry.update(status="failed", reason=skips[spec.name])
             continue

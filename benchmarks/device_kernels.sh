@@ -21,12 +21,13 @@ for step in "${@:-all}"; do
     python3 benchmarks/kernels_timing.py 2>&1 | tee "$OUT/timing.txt" || status=1
   fi
   if [[ $step == sanitize || $step == all ]]; then
-    # A reduced run: small shapes cover every kernel (prep, mma, fma, merge) and the NaN guards.
-    sel="dtypes_head_dims or bad_ or split_kv or simple_add_matches"
+    # A reduced run: small shapes that still cover every kernel (prep, mma decode/prefill tiles,
+    # fma, split merge) and the NaN guards. racecheck looks for shared-memory hazards.
+    sel="dtypes_head_dims or bad_sequence or bad_num_seqs or empty_sequences or simple_add_matches"
     for tool in memcheck racecheck; do
-      compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -k "$sel" -x -p no:benchmark 2>&1 \
-        | tee "$OUT/sanitizer-$tool.txt" | tail -15 || status=1
+      timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -p no:benchmark -k "$sel" 2>&1 \
+        | tee "$OUT/sanitizer-$tool.txt" | tail -6 || status=1
     done
   fi
 done

@@ -269,3 +269,15 @@ def test_static_errors_name_the_argument():
         torch_cuda.paged_attention_cuda(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)
     with pytest.raises(ValueError, match="soft_cap"):
         torch_cuda.paged_attention_cuda(**inputs, scale=1.0, soft_cap=-1.0)
+
+
+def test_bad_page_past_the_first_check_chunk_poisons_the_sequence():
+    """The prep kernel checks block_tables in chunks of 1024 entries per block: a bad entry in a
+    later chunk must still poison the whole sequence, and only it."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(((1, 20_000), (2, 40)), 4, 2, 64, 16, torch.bfloat16, seed)
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64)
+    inputs["block_tables"][0, 1100] = -7
+    out = run_cuda(inputs, scale=0.2)
+    assert out[0].isnan().all(), f"seed {seed}"
+    assert rel_l2(out[1:], expected[1:]) < TOLERANCE[torch.bfloat16], f"seed {seed}"

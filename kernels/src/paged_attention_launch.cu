@@ -111,7 +111,9 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                   cudaStream_t stream) {
   const int64_t prep_blocks =
       std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
-  PagedAttentionPrepKernel<T><<<static_cast<unsigned>(prep_blocks), kThreads, 0, stream>>>(params);
+  const dim3 prep_grid(static_cast<unsigned>(prep_blocks),
+                       static_cast<unsigned>(params.page_check_chunks));
+  PagedAttentionPrepKernel<T><<<prep_grid, kThreads, 0, stream>>>(params);
   XGO_CUDA_CHECK(cudaGetLastError());
   int32_t status;
   if constexpr (sizeof(T) == 4) {
@@ -142,6 +144,10 @@ int32_t CheckKernelLimits(const XgoPagedAttentionConfig& c, const PagedAttention
   if (plan.num_head_blocks > 65535) {
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads %lld is too large",
                 static_cast<long long>(c.num_q_heads));
+  }
+  if (plan.page_check_chunks > 65535) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: block_tables: %lld pages per sequence is too many",
+                static_cast<long long>(c.pages_per_seq));
   }
   if (c.num_q_heads * c.head_dim > INT32_MAX) {
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads * head_dim too large");
@@ -224,12 +230,14 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   // block_tables are int32, so no page past INT32_MAX can be named anyway.
   params.num_pages = static_cast<int>(std::min<int64_t>(c.num_pages, INT32_MAX));
   params.page_size = static_cast<int>(c.page_size);
+  params.page_size_div = xgo::MakeFastDivisor(params.page_size);
   params.max_num_seqs = static_cast<int>(c.max_num_seqs);
   params.pages_per_seq = static_cast<int>(c.pages_per_seq);
   params.group_size = static_cast<int>(c.num_q_heads / c.num_kv_heads);
   params.heads_per_block = plan.heads_per_block;
   params.tokens_per_tile = plan.tokens_per_tile;
   params.num_splits = plan.num_splits;
+  params.page_check_chunks = static_cast<int>(plan.page_check_chunks);
   // A window longer than any context (int32) masks nothing, same as no window.
   params.sliding_window = static_cast<int>(std::min<int64_t>(c.sliding_window, INT32_MAX));
   params.scale = c.scale;

@@ -25,6 +25,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float QuietNaN() { return __int_as_float(0x7fc00000); }
 
+// n / divisor for 0 <= n < 2^31 (see FastDivisor).
+__device__ __forceinline__ int FastDiv(const FastDivisor& f, int n) {
+  return f.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), f.multiplier) >> f.shift);
+}
+
 // ---------------------------------------------------------------- 1. metadata check and fill
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -41,8 +46,9 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   ok = !__syncthreads_or(bad || !ok);
-  if (blockIdx.x == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
 
+  // Block (x, y) checks entries [y * kPrepPages, ...) of the used pages of sequences x, x + gridDim.x..
   const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;
   for (int seq = blockIdx.x; seq < p.max_num_seqs; seq += gridDim.x) {
     if (!ok || seq >= n) continue;  // uniform over the block
@@ -50,14 +56,23 @@ __global__ void __launch_bounds__(kThreads)
     const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
     const bool lens_ok = kv_len >= 0 && kv_len <= capacity && q_len <= kv_len;
     const int used_pages = lens_ok ? (kv_len + p.page_size - 1) / p.page_size : 0;
+    const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.pages_per_seq;
     int bad_page = 0;
-    for (int i = tid; i < used_pages; i += blockDim.x) {
-      const int page = p.block_tables[static_cast<int64_t>(seq) * p.pages_per_seq + i];
-      bad_page |= page < 0 || page >= p.num_pages;
+#pragma unroll
+    for (int i = 0; i < kPrepPagesPerThread; ++i) {
+      const int entry = static_cast<int>(blockIdx.y) * kPrepPages + i * kThreads + tid;
+      if (entry < used_pages) {
+        const int page = table[entry];
+        bad_page |= page < 0 || page >= p.num_pages;
+      }
     }
     const bool seq_ok = !__syncthreads_or(bad_page || !lens_ok);
-    if (tid == 0) p.flags[kFlagsHeader + seq] = seq_ok ? 1 : 0;
+    if (tid == 0) {
+      p.flags[kFlagsHeader + static_cast<int64_t>(seq) * p.page_check_chunks + blockIdx.y] =
+          seq_ok ? 1 : 0;
+    }
   }
+  if (blockIdx.y != 0) return;
 
   // Rows that no sequence owns: zeros; NaN everywhere when the row partition itself is broken.
   const int first = ok ? p.query_start_loc[0] : 0;
@@ -118,7 +133,11 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   w.head0 = blockIdx.y * p.heads_per_block;
   w.kv_head = w.head0 / p.group_size;
   w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
-  w.seq_ok = p.flags[kFlagsHeader + found] != 0;
+  bool seq_ok = true;
+  for (int c = 0; c < p.page_check_chunks; ++c) {
+    seq_ok = seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
+  }
+  w.seq_ok = seq_ok;
   return true;
 }
 
@@ -229,7 +248,7 @@ struct KvTileLoader {
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
       const int key = first + i * kKeyStride;
-      pages[i] = key < key_end ? table[key / p.page_size] : 0;
+      pages[i] = key < key_end ? table[FastDiv(p.page_size_div, key)] : 0;
     }
   }
 
@@ -245,7 +264,8 @@ struct KvTileLoader {
       const int key_local = key_local0 + i * kKeyStride;
       const int key = key0 + key_local;
       const bool valid = key < key_end;
-      const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + key % p.page_size;
+      const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
+      const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
       const T* src_k = valid ? head_base + slot * slot_stride : kv;
       CpAsync16(s_k + key_local * kLds + col, src_k, valid ? 16 : 0);
       CpAsync16(s_v + key_local * kLds + col, valid ? src_k + kD : kv, valid ? 16 : 0);
@@ -277,21 +297,41 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 // kRowWarps x kKeyWarps = 4 warps. Warp (wm, wn) owns query rows [16 wm, 16 wm + 16) and keys
 // [wn * kBlockN / kKeyWarps, ...) of every tile; with kKeyWarps > 1 (decode) the warps' partial
 // softmax states are merged through shared memory at the end.
+#ifndef XGO_DECODE_STAGES
+#define XGO_DECODE_STAGES 2
+#endif
+#ifndef XGO_PREFILL_STAGES
+#define XGO_PREFILL_STAGES 2
+#endif
+#ifndef XGO_PREFILL_MIN_BLOCKS
+#define XGO_PREFILL_MIN_BLOCKS 3
+#endif
+
 template <int kD, int kRowWarps>
 struct MmaConfig {
   static constexpr int kKeyWarps = 4 / kRowWarps;
   static constexpr int kBlockN = 64;
+  // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
+  static constexpr int kStages = kRowWarps == 1 ? XGO_DECODE_STAGES : XGO_PREFILL_STAGES;
   static constexpr int kLds = kD + 8;  // +16 bytes per row: conflict-free ldmatrix
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
+  // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts: it borrows
+  // the last K stage (not written before the loop) and saves a block's worth of shared memory.
+  static constexpr bool kQInRegisters = kD <= 128;
+  static constexpr int kQSmemRows = kQInRegisters ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
-      static_cast<size_t>(kBlockRows + 4 * kBlockN) * kLds * 2;  // Q + 2 stages of K and V
-  static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 4 * kBlockN * kLds * 2,
+      static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
+  // Cap registers so 3 blocks (12 warps) fit per SM: fewer left the warp schedulers starved
+  // (ncu: ~0.4 eligible warps per scheduler).
+  static constexpr int kMinBlocks = kD > 128 ? 1 : kRowWarps == 4 ? XGO_PREFILL_MIN_BLOCKS : 3;
+  static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
+  static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
                 "epilogue buffer must fit in the K/V buffers");
 };
 
 template <typename T, int kD, int kRowWarps>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
     PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
   using Cfg = MmaConfig<kD, kRowWarps>;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
@@ -303,12 +343,14 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kDSteps = kD / 16;
   constexpr int kOutTiles = kD / 8;
   constexpr int kKeySteps = kKeysPerWarp / 16;
-  constexpr bool kQInRegisters = kD <= 128;  // D=256 would not fit next to the accumulators
+  constexpr bool kQInRegisters = Cfg::kQInRegisters;  // D=256 would not fit beside the accumulators
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);
-  T* s_k = s_q + kBlockRows * kLds;   // [2][kBlockN][kLds]
-  T* s_v = s_k + 2 * kBlockN * kLds;  // [2][kBlockN][kLds]
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kStageElems = kBlockN * kLds;
+  T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;  // [kStages][kBlockN][kLds]
+  T* s_v = s_k + kStages * kStageElems;                              // [kStages][kBlockN][kLds]
+  T* s_q = kQInRegisters ? s_k + (kStages - 1) * kStageElems : reinterpret_cast<T*>(smem_raw);
   __shared__ float s_m[4][16], s_l[4][16];
 
   TileWork w;
@@ -325,14 +367,19 @@ __global__ void __launch_bounds__(kThreads)
 
   LoadQTile<T, kD, kBlockRows, kLds>(p, w, s_q);
   CpAsyncCommit();
+  // Prologue: tiles tile_begin .. tile_begin + kStages - 2, one commit group each.
   KvTileLoader<T, kD, kBlockN, kLds> loader;
-  const int key_first = range.key_base + range.tile_begin * kBlockN;
-  if (range.tile_begin < range.tile_end) {
-    loader.FetchPages(p, w, key_first, range.key_end);
-    loader.Issue(p, w, key_first, range.key_end, s_k, s_v);
-    loader.FetchPages(p, w, key_first + kBlockN, range.key_end);
+  loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    const int tile = range.tile_begin + i;
+    if (tile < range.tile_end) {
+      const int key0 = range.key_base + tile * kBlockN;
+      loader.Issue(p, w, key0, range.key_end, s_k + i * kStageElems, s_v + i * kStageElems);
+      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
+    }
+    CpAsyncCommit();
   }
-  CpAsyncCommit();
 
   // This thread's two rows (g and g + 8 of the warp's 16): validity and absolute position.
   bool row_ok[2];
@@ -345,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const bool warp_active = wm * 16 < w.rows;
 
-  CpAsyncWait<1>();
+  CpAsyncWait<kStages - 1>();  // the Q group
   __syncthreads();
   uint32_t q_frag[kQInRegisters ? kDSteps : 1][4];
   if constexpr (kQInRegisters) {
@@ -353,6 +400,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int ks = 0; ks < kDSteps; ++ks) {
       LdMatrixX4(q_frag[ks], s_q + (wm * 16 + lane % 16) * kLds + ks * 16 + (lane / 16) * 8);
     }
+    __syncthreads();  // every warp has its Q before the loop refills the borrowed K stage
   }
 
   float acc[kOutTiles][4];
@@ -362,19 +410,23 @@ __global__ void __launch_bounds__(kThreads)
   float row_sum[2] = {0.0f, 0.0f};
 
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
-    const int stage = (tile - range.tile_begin) & 1;
-    if (tile + 1 < range.tile_end) {
-      const int next_key0 = range.key_base + (tile + 1) * kBlockN;
-      loader.Issue(p, w, next_key0, range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
-                   s_v + (stage ^ 1) * kBlockN * kLds);
-      loader.FetchPages(p, w, next_key0 + kBlockN, range.key_end);
+    const int step = tile - range.tile_begin;
+    const int stage = step % kStages;
+    // Refill the stage computed on in the previous iteration (freed by its trailing barrier).
+    const int ahead = tile + kStages - 1;
+    if (ahead < range.tile_end) {
+      const int ahead_stage = (step + kStages - 1) % kStages;
+      const int key0 = range.key_base + ahead * kBlockN;
+      loader.Issue(p, w, key0, range.key_end, s_k + ahead_stage * kStageElems,
+                   s_v + ahead_stage * kStageElems);
+      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
     }
     CpAsyncCommit();
-    CpAsyncWait<1>();
+    CpAsyncWait<kStages - 1>();
     __syncthreads();
     if (warp_active) {
-      const T* k_tile = s_k + stage * kBlockN * kLds + wn * kKeysPerWarp * kLds;
-      const T* v_tile = s_v + stage * kBlockN * kLds + wn * kKeysPerWarp * kLds;
+      const T* k_tile = s_k + stage * kStageElems + wn * kKeysPerWarp * kLds;
+      const T* v_tile = s_v + stage * kStageElems + wn * kKeysPerWarp * kLds;
       float s[kScoreTiles][4];
 #pragma unroll
       for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -419,20 +471,25 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       }
-      float base[2];
+      float base[2], rescale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
         const float new_max = fmaxf(row_max[h], tile_max[h]);
         base[h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
-        const float rescale = exp2f(row_max[h] - base[h]);
+        rescale[h] = exp2f(row_max[h] - base[h]);
         row_max[h] = new_max;
-        row_sum[h] *= rescale;
+        row_sum[h] *= rescale[h];
+      }
+      // Once the running maxima settle (most decode tiles) the accumulators need no rescale.
+      if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
         for (int i = 0; i < kOutTiles; ++i) {
-          acc[i][2 * h] *= rescale;
-          acc[i][2 * h + 1] *= rescale;
+          acc[i][0] *= rescale[0];
+          acc[i][1] *= rescale[0];
+          acc[i][2] *= rescale[1];
+          acc[i][3] *= rescale[1];
         }
       }
 #pragma unroll
@@ -699,10 +756,10 @@ __global__ void __launch_bounds__(kThreads)
   const int vecs = p.head_dim / 4;
   float sum = 0.0f;
   float4 o[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-#pragma unroll 4
+  // Empty splits have lse -inf (weight 0) and zero parts, so no branch: loads stay batched.
+#pragma unroll 8
   for (int z = group; z < p.num_splits; z += kMergeGroups) {
     const float weight = exp2f(s_lse[z] - base);
-    if (weight == 0.0f) continue;  // empty split (-inf): its part is never read
     sum += weight;
     const float4* part = reinterpret_cast<const float4*>(
         p.partial_out + (static_cast<int64_t>(z) * num_rows + row) * p.head_dim);

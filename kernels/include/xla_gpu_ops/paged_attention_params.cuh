@@ -12,7 +12,8 @@ namespace xgo {
 
 // Workspace (float32 elements), in this order:
 //   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent
-//   [kFlagsHeader, + round32(S))      one word per sequence slot: 1 if its metadata is consistent
+//   [kFlagsHeader, + round32(S * C))  per sequence slot and chunk of kPrepPages block_tables
+//                                     entries (C chunks): 1 if that part of its metadata is sound
 //   lse   [splits, T, Hq]             per-split log2-sum-exp (only when splits > 1)
 //   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
 constexpr int64_t kFlagsHeader = 32;
@@ -20,6 +21,8 @@ constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 constexpr int kMaxSplits = 128;
+constexpr int kPrepPagesPerThread = 8;
+constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
 
 struct PagedAttentionPlan {
   bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
@@ -30,6 +33,7 @@ struct PagedAttentionPlan {
   int64_t num_q_tiles;     // grid.x: static upper bound T / tokens_per_tile + S
   int64_t num_head_blocks; // grid.y: Hq / heads_per_block
   int num_splits;          // grid.z
+  int64_t page_check_chunks;  // prep grid.y: ceil(pages_per_seq / kPrepPages)
   int64_t lse_offset, out_offset, workspace_elems;
 };
 
@@ -65,7 +69,8 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits < 1) splits = 1;
   p.num_splits = static_cast<int>(splits);
-  p.lse_offset = kFlagsHeader + RoundUp(c.max_num_seqs, 32);
+  p.page_check_chunks = (c.pages_per_seq + kPrepPages - 1) / kPrepPages;
+  p.lse_offset = kFlagsHeader + RoundUp(c.max_num_seqs * p.page_check_chunks, 32);
   int64_t elems = p.lse_offset;
   if (p.num_splits > 1) {
     const int64_t rows = splits * c.num_tokens * c.num_q_heads;
@@ -76,6 +81,27 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   }
   p.workspace_elems = elems;
   return p;
+}
+
+// Division by a runtime constant (the page size) as a multiply-high and a shift, valid for
+// dividends in [0, 2^31): every key index. A plain '/' by a runtime int costs ~20 dependent
+// instructions per key and showed as the top stall of the decode kernel.
+struct FastDivisor {
+  int32_t divisor;
+  uint32_t multiplier;
+  int32_t shift;
+};
+
+inline FastDivisor MakeFastDivisor(int32_t divisor) {
+  FastDivisor f{divisor, 0, 0};
+  if (divisor != 1) {
+    int log2_ceil = 0;
+    while ((int64_t{1} << log2_ceil) < divisor) ++log2_ceil;
+    const int p = 31 + log2_ceil;
+    f.multiplier = static_cast<uint32_t>(((uint64_t{1} << p) + divisor - 1) / divisor);
+    f.shift = p - 32;
+  }
+  return f;
 }
 
 struct PagedAttentionParams {
@@ -91,7 +117,8 @@ struct PagedAttentionParams {
   float* partial_out;   // [splits, T, Hq, D]
   int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
       pages_per_seq;
-  int group_size, heads_per_block, tokens_per_tile, num_splits;
+  int group_size, heads_per_block, tokens_per_tile, num_splits, page_check_chunks;
+  FastDivisor page_size_div;
   int sliding_window;   // 0: off
   float scale, soft_cap;  // soft_cap 0: off
 };

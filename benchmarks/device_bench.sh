@@ -2,8 +2,8 @@
 # The benchmark on the lent GPU machine (device tool), from the repository root:
 #   XLA_GPU_OPS_GIT_COMMIT=<sha> bash benchmarks/device_bench.sh [--quick] [benchmarks.run args]
 # carry: [".whl", "xla_gpu_ops/_lib/libxla_gpu_ops.so"]. Installs the carried wheels (torchax),
-# runs `python3 -m benchmarks.run --out $OUT/bench`, and leaves 5 files under $OUT/bench
-# (results.json, table.md, plot.png, env.json, run.log): the device tool returns at most 8.
+# runs `python3 -m benchmarks.run --out $OUT/bench`, and leaves 6 files under $OUT/bench
+# (results.json, table.md, plot.png, env.json, workers.log, run.log): the tool returns at most 8.
 set -uo pipefail
 
 OUT="${OUT:-/tmp/xgo-bench-out}"
@@ -28,7 +28,7 @@ fi
 } | tee "$LOG"
 
 start=$(date +%s)
-python3 -m benchmarks.run --out "$OUT/bench" --time-limit "${XGO_BENCH_TIME_LIMIT:-450}" "$@" 2>&1 | tee -a "$LOG" | grep -v "cases:" 
+python3 -m benchmarks.run --out "$OUT/bench" --time-limit "${XGO_BENCH_TIME_LIMIT:-420}" "$@" 2>&1 | tee -a "$LOG" | grep -v "cases:" 
 status=${PIPESTATUS[0]}
 echo "== benchmarks.run exit status $status after $(( $(date +%s) - start )) s" | tee -a "$LOG"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"

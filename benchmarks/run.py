@@ -414,6 +414,7 @@ def _summarise(timing, case, record, ceilings) -> dict:
 # ------------------------------------------------------------------------------ driver
 PLANTED_CRASH_ENV = "XGO_BENCH_PLANTED_CRASH"  # "case-substring:impl": a worker exits there (tests)
 MAX_WORKER_RESTARTS = 12
+WORKER_GRACE_S = 60.0
 
 
 def select_cases(all_cases, patterns):
@@ -504,6 +505,21 @@ def _crash_reason(stderr_text: str, returncode: int) -> str:
     return f"worker process died (exit status {returncode}): {message}"
 
 
+def _keep_worker_log(config: dict, attempt: int, returncode, stderr_text: str) -> None:
+    """Append a worker's stderr (repeated lines dropped, at most 400 kept) to workers.log."""
+    if not config.get("log_path"):
+        return
+    seen, kept = set(), []
+    for line in stderr_text.replace("\r", "\n").splitlines():
+        key = re.sub(r"\d+", "#", line.strip())
+        if line.strip() and key not in seen and not line.lstrip().startswith("cases:"):
+            seen.add(key)
+            kept.append(line)
+    with open(config["log_path"], "a") as log:
+        log.write(f"== worker {attempt}: exit status {returncode}\n")
+        log.write("\n".join(kept[-400:]) + "\n")
+
+
 def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
     """Run the cases in worker processes; when one dies (a device-side assert poisons the CUDA
     context for good), record the implementation it was running as failed and start a fresh
@@ -522,9 +538,18 @@ def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
             state.write_text(json.dumps({"config": {**config, "worker": True}, "start": start,
                                          "skips": skips, "ceilings": ceilings,
                                          "events": str(events)}))  # fmt: skip
+            # a hung worker must not eat the whole lease: past the deadline (+ grace for the case
+            # in flight) it is killed and recorded like a crash
+            timeout = None
+            if config.get("deadline") is not None:
+                timeout = max(10.0, config["deadline"] - time.time() + WORKER_GRACE_S)
             with stderr_path.open("w") as err:
-                proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--worker",
-                                       str(state)], stderr=err, cwd=ROOT, check=False)  # fmt: skip
+                cmd = [sys.executable, "-m", "benchmarks.run", "--worker", str(state)]
+                try:
+                    proc = subprocess.run(cmd, stderr=err, cwd=ROOT, check=False, timeout=timeout)
+                    returncode = proc.returncode
+                except subprocess.TimeoutExpired:
+                    returncode = None
             current = None
             for line in events.read_text().splitlines() if events.exists() else []:
                 event = json.loads(line)
@@ -535,14 +560,27 @@ def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
                 elif event["event"] == "case":
                     records[event["index"]] = event["record"]
                     current = None
-            if proc.returncode == 0:
-                break
             stderr_text = stderr_path.read_text(errors="replace")
-            reason = _crash_reason(stderr_text, proc.returncode)
-            print(f"worker exited with status {proc.returncode}; stderr tail:", flush=True)
+            _keep_worker_log(config, attempt, returncode, stderr_text)
+            if returncode == 0:
+                break
+            if returncode is None:
+                reason = f"killed: still running {WORKER_GRACE_S:.0f} s after the time limit"
+            else:
+                reason = _crash_reason(stderr_text, returncode)
+            print(f"worker ended ({reason}); stderr tail:", flush=True)
             print("\n".join(stderr_text.splitlines()[-8:]), flush=True)
             if ceilings is None:
                 raise RuntimeError(f"the worker died before measuring the ceilings: {reason}")
+            if returncode is None:  # out of time: the case in flight and the rest are skipped
+                if current is not None:
+                    case = cases[current["index"]]
+                    records[current["index"]] = {
+                        "name": case.name, "kind": case.kind, "params": case.params(),
+                        "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
+                        "skipped": f"{current['impl']}: {reason}",
+                    }  # fmt: skip
+                break
             if current is None:  # died between implementations: give up on the next case
                 index = next((i for i, r in enumerate(records) if r is None), len(cases))
                 if index >= len(cases):
@@ -564,7 +602,7 @@ def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
     for case, record in zip(cases, records, strict=True):
         done.append(record or {"name": case.name, "kind": case.kind, "params": case.params(),
                                "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                               "skipped": "not reached (worker restarts exhausted)"})  # fmt: skip
+                               "skipped": "not reached (out of time or worker restarts)"})  # fmt: skip
     return ceilings, done
 
 
@@ -628,6 +666,7 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
         "time_limit_s": time_limit_s,
         "deadline": None if time_limit_s is None else time.time() + time_limit_s,
         "l2_bytes": ((env_info["gpu"] or {}).get("l2_bytes") or 60 * 2**20) if on_gpu else 2**20,
+        "log_path": str(out_dir / "workers.log"),
     }
     _cases_for(config)  # fail fast on a --cases pattern that matches nothing
     results = {"env": env_info, "config": config, "ceilings": None, "cases": []}

@@ -101,7 +101,34 @@ CMD ["sleep", "infinity"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Reserved: the `tests-xla-cuda` target (torch_xla 2.7 + XLA:CUDA stack, its own lock) is added
-# here by the xla-cuda work. Like the targets above it must install from a locks/*.txt with
-# hashes and run nox sessions only; .ci/lint_containers.py checks both.
+# xla-cuda: torch_xla 2.7 on XLA:CUDA, the pinned legacy stack (docs/TORCH_XLA_GPU.md)
+#
+#   docker build --target xla-cuda -t xla-gpu-ops:xla-cuda .
+#   docker compose run --rm tests-xla-cuda              # nox -s xla_cuda on the GPUs of the host
+#
+# torch 2.7.0 + torch_xla 2.7.0 + JAX's CUDA PJRT plugin (jax-cuda12-pjrt 0.5.3, PJRT C API 0.67),
+# all from locks/xla-cuda.txt with hashes; the CUDA 12 libraries come as nvidia-*-cu12 wheels, so
+# the base image's toolkit is not used at run time. The kernels are built by `nox -s build` from
+# locks/build.txt, as in the runtime target.
 # ---------------------------------------------------------------------------------------------
+FROM base AS xla-cuda
+ARG USER_UID=1000
+ARG USER_GID=1000
+
+# Locks before source, as in runtime: only uv's cache is filled here, nox makes the venvs.
+COPY --chown=${USER_UID}:${USER_GID} locks/ /work/locks/
+RUN for lock in locks/build.txt locks/xla-cuda.txt; do \
+        uv venv --quiet --python 3.11 /tmp/cache-fill \
+        && uv pip install --quiet --python /tmp/cache-fill --require-hashes -r "/work/${lock}" \
+        && rm -rf /tmp/cache-fill \
+        || exit 1; \
+    done
+
+COPY --chown=${USER_UID}:${USER_GID} . /work
+
+# Builds the kernels and the session's venv; pytest only collects (no GPU during `docker build`).
+ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
+ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
+RUN PYTEST_ADDOPTS="--collect-only -q" nox -s xla_cuda
+
+CMD ["nox", "-s", "xla_cuda"]

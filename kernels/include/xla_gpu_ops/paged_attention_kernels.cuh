@@ -304,7 +304,7 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 #define XGO_PREFILL_STAGES 2
 #endif
 #ifndef XGO_PREFILL_MIN_BLOCKS
-#define XGO_PREFILL_MIN_BLOCKS 3
+#define XGO_PREFILL_MIN_BLOCKS 1
 #endif
 
 template <int kD, int kRowWarps>
@@ -322,8 +322,9 @@ struct MmaConfig {
   static constexpr int kQSmemRows = kQInRegisters ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
-  // Cap registers so 3 blocks (12 warps) fit per SM: fewer left the warp schedulers starved
-  // (ncu: ~0.4 eligible warps per scheduler).
+  // Decode tiles: cap registers so 3 blocks (12 warps) fit per SM; fewer starved the warp
+  // schedulers (ncu: ~0.4 eligible warps per scheduler). Prefill tiles: the same cap spilled 200
+  // bytes and measured 955 us vs 887 us uncapped (H200, docs/KERNELS.md), so no cap by default.
   static constexpr int kMinBlocks = kD > 128 ? 1 : kRowWarps == 4 ? XGO_PREFILL_MIN_BLOCKS : 3;
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,

@@ -298,11 +298,17 @@ def run_torch_xla(scenario: Scenario) -> ModeResult:
                 *(t.to(device) for t in scenario.steps[0].args(scenario.kv_cache))
             )
         hlo = torch_xla._XLAC._get_xla_tensors_hlo([out])
-        calls = custom_calls(hlo, f'custom_call_target="{PAGED_ATTENTION.ffi_target}"')
+        # torch_xla < 2.9 emits the legacy target, 2.9 the typed FFI one.
+        from xla_gpu_ops.torch_xla import custom_call_abi
+
+        target = (
+            PAGED_ATTENTION.ffi_target
+            if custom_call_abi() == "ffi"
+            else PAGED_ATTENTION.legacy_target
+        )
+        calls = custom_calls(hlo, f'custom_call_target="{target}"')
         if not calls:
-            raise AssertionError(
-                f"torch_xla: no {PAGED_ATTENTION.ffi_target} custom call in\n{hlo}"
-            )
+            raise AssertionError(f"torch_xla: no {target} custom call in\n{hlo}")
         notes += [f"HLO: {c}" for c in calls]
         del out, new_cache  # dropped unexecuted: XLA:CPU has no handler for the custom call
 

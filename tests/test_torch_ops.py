@@ -113,7 +113,7 @@ def _bad_inputs():
         return lambda inputs, kwargs: kwargs.__setitem__(name, value)
 
     return [
-        ("query not a tensor", set_("query", lambda t: t.numpy()), TypeError, "query"),
+        ("query not a tensor", set_("query", lambda t: t.cpu().numpy()), TypeError, "query"),
         ("query rank 2", set_("query", lambda t: t[0]), ValueError, "query"),
         ("query int dtype", set_("query", lambda t: t.to(torch.int32)), TypeError, "query"),
         ("kv dtype differs", set_("kv_cache", lambda t: t.double()), TypeError, "kv_cache"),

@@ -3,7 +3,7 @@
 #
 #   docker build --target runtime -t xla-gpu-ops .      # stack + built kernels
 #   docker build --target dev -t xla-gpu-ops:dev .      # + editor tools, for .devcontainer/
-#   docker compose run --rm tests                       # what CI runs: nox -s lint tests
+#   docker compose run --rm tests                       # what CI runs: nox -s lint tests xla_cuda
 #
 # Toolchain: the kernels are compiled by `nox -s build` with the CUDA 13 nvcc wheels from
 # locks/build.txt, exactly like CI, so the image's libxla_gpu_ops.so is the one CI proves.

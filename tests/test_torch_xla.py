@@ -126,7 +126,7 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
         {n: tuple(t.shape) for n, t in inputs.items()},
         {n: str(t.dtype).removeprefix("torch.") for n, t in inputs.items()}, 0.1, 7, 5.0,
     )  # fmt: skip
-    config = xgo_torch_xla.paged_attention_config(dims, "float32", 0.1, 7, 5.0)
+    config = _library.paged_attention_config(dims, "float32", 0.1, 7, 5.0)
     elems = _library.paged_attention_workspace_elems(config)
     result = line.split("custom-call(")[0]
     assert f"f32[{elems}]" in result

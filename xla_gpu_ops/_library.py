@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from xla_gpu_ops._registry import OPS, OpSpec
+from xla_gpu_ops._validation import PagedAttentionDims
 
 ABI_VERSION = 1
 LIBRARY_ENV = "XLA_GPU_OPS_LIBRARY"  # optional override: path of a libxla_gpu_ops.so to load
@@ -72,6 +73,32 @@ class PagedAttentionConfig(ctypes.Structure):
 
 
 CONFIG_STRUCTS = {"simple_add": SimpleAddConfig, "paged_attention": PagedAttentionConfig}
+
+
+def simple_add_config(dtype_name: str, num_elements: int) -> SimpleAddConfig:
+    """The XgoSimpleAddConfig of a call (launcher argument and legacy opaque)."""
+    return SimpleAddConfig(
+        magic=SIMPLE_ADD_MAGIC, version=CONFIG_VERSION, dtype=DTYPE_CODES[dtype_name],
+        reserved=0, num_elements=num_elements,
+    )  # fmt: skip
+
+
+def paged_attention_config(
+    dims: PagedAttentionDims,
+    dtype_name: str,
+    scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+) -> PagedAttentionConfig:
+    """The XgoPagedAttentionConfig of a call: launcher argument, legacy opaque, workspace sizing."""
+    return PagedAttentionConfig(
+        magic=PAGED_ATTENTION_MAGIC, version=CONFIG_VERSION, dtype=DTYPE_CODES[dtype_name],
+        reserved=0, num_tokens=dims.num_tokens, num_q_heads=dims.num_q_heads,
+        num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, num_pages=dims.num_pages,
+        page_size=dims.page_size, max_num_seqs=dims.max_num_seqs,
+        pages_per_seq=dims.pages_per_seq, sliding_window=int(sliding_window or 0),
+        scale=float(scale), soft_cap=float(soft_cap or 0.0),
+    )  # fmt: skip
 
 
 def library_path() -> Path:

@@ -118,23 +118,7 @@ def paged_attention_config(
     shapes = {name: _shape(value) for name, value in operands.items()}
     dtypes = {name: _dtype_name(value) for name, value in operands.items()}
     dims = _validation.check_paged_attention_static(shapes, dtypes, scale, sliding_window, soft_cap)
-    return _library.PagedAttentionConfig(
-        magic=_library.PAGED_ATTENTION_MAGIC,
-        version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[dtypes["query"]],
-        reserved=0,
-        num_tokens=dims.num_tokens,
-        num_q_heads=dims.num_q_heads,
-        num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim,
-        num_pages=dims.num_pages,
-        page_size=dims.page_size,
-        max_num_seqs=dims.max_num_seqs,
-        pages_per_seq=dims.pages_per_seq,
-        sliding_window=sliding_window or 0,
-        scale=scale,
-        soft_cap=soft_cap or 0.0,
-    )
+    return _library.paged_attention_config(dims, dtypes["query"], scale, sliding_window, soft_cap)
 
 
 def paged_attention(

@@ -53,13 +53,7 @@ def simple_add_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _validation.check_simple_add(a.shape, _dtype_name(a.dtype), b.shape, _dtype_name(b.dtype))
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    config = _library.SimpleAddConfig(
-        magic=_library.SIMPLE_ADD_MAGIC,
-        version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[_dtype_name(a.dtype)],
-        reserved=0,
-        num_elements=a.numel(),
-    )
+    config = _library.simple_add_config(_dtype_name(a.dtype), a.numel())
     lib = _library.load()
     with torch.cuda.device(device):
         status = getattr(lib, SIMPLE_ADD.launch_symbol)(
@@ -71,32 +65,6 @@ def simple_add_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         )
     _library.check_status(status, "simple_add")
     return out
-
-
-def paged_attention_config(
-    dims: _validation.PagedAttentionDims,
-    dtype: torch.dtype,
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> _library.PagedAttentionConfig:
-    return _library.PagedAttentionConfig(
-        magic=_library.PAGED_ATTENTION_MAGIC,
-        version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[_dtype_name(dtype)],
-        reserved=0,
-        num_tokens=dims.num_tokens,
-        num_q_heads=dims.num_q_heads,
-        num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim,
-        num_pages=dims.num_pages,
-        page_size=dims.page_size,
-        max_num_seqs=dims.max_num_seqs,
-        pages_per_seq=dims.pages_per_seq,
-        sliding_window=sliding_window or 0,
-        scale=scale,
-        soft_cap=soft_cap or 0.0,
-    )
 
 
 def paged_attention_cuda(
@@ -135,7 +103,9 @@ def paged_attention_cuda(
         soft_cap,
     )
     tensors = {name: _dense(t) for name, t in tensors.items()}
-    config = paged_attention_config(dims, query.dtype, scale, sliding_window, soft_cap)
+    config = _library.paged_attention_config(
+        dims, _dtype_name(query.dtype), scale, sliding_window, soft_cap
+    )
     workspace_elems = _library.paged_attention_workspace_elems(config)
     out = torch.empty(query.shape, dtype=query.dtype, device=device)
     workspace = torch.empty(workspace_elems, dtype=torch.float32, device=device)

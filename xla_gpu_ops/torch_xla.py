@@ -126,32 +126,6 @@ def paged_attention_attributes(
     )
 
 
-def paged_attention_config(
-    dims: _validation.PagedAttentionDims,
-    dtype_name: str,
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> _library.PagedAttentionConfig:
-    """The XgoPagedAttentionConfig of a call: the legacy opaque and the workspace sizing input."""
-    return _library.PagedAttentionConfig(
-        magic=_library.PAGED_ATTENTION_MAGIC, version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[dtype_name], reserved=0,
-        num_tokens=dims.num_tokens, num_q_heads=dims.num_q_heads,
-        num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, num_pages=dims.num_pages,
-        page_size=dims.page_size, max_num_seqs=dims.max_num_seqs,
-        pages_per_seq=dims.pages_per_seq, sliding_window=int(sliding_window or 0),
-        scale=float(scale), soft_cap=float(soft_cap or 0.0),
-    )  # fmt: skip
-
-
-def simple_add_config(a: torch.Tensor) -> _library.SimpleAddConfig:
-    return _library.SimpleAddConfig(
-        magic=_library.SIMPLE_ADD_MAGIC, version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[_dtype_name(a.dtype)], reserved=0, num_elements=a.numel(),
-    )  # fmt: skip
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -208,7 +182,9 @@ def simple_add_xla(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _prepare_runtime(a.device)
     abi = custom_call_abi()
     # No attributes: the typed handler reads shapes from its buffers; the legacy one from the opaque.
-    backend_config = "{}" if abi == "ffi" else bytes(simple_add_config(a))
+    backend_config = (
+        "{}" if abi == "ffi" else bytes(_library.simple_add_config(_dtype_name(a.dtype), a.numel()))
+    )
     (out,) = emit_custom_call(SIMPLE_ADD, [a, b], [tuple(a.shape)], [a.dtype], abi, backend_config)
     return out
 
@@ -259,7 +235,7 @@ def paged_attention_xla(
         )  # fmt: skip
     _prepare_runtime(device)
     abi = custom_call_abi()
-    config = paged_attention_config(dims, dtype_name, scale, sliding_window, soft_cap)
+    config = _library.paged_attention_config(dims, dtype_name, scale, sliding_window, soft_cap)
     workspace_elems = _library.paged_attention_workspace_elems(config)
     if abi == "ffi":
         backend_config = paged_attention_attributes(scale, sliding_window, soft_cap)

@@ -15,6 +15,7 @@
 #include "xla_gpu_ops/cuda_check.cuh"
 #include "xla_gpu_ops/paged_attention_kernels.cuh"
 #include "xla_gpu_ops/paged_attention_params.cuh"
+#include "xla_gpu_ops/paged_attention_prefill.cuh"
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {
@@ -75,10 +76,10 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
   const bool row_tiles = plan.row_warps == 4;
   switch (params.head_dim) {
     case 64:
-      if (row_tiles) XGO_LAUNCH_MMA(64, 4);
+      if (row_tiles) return LaunchPrefillAttention<T>(plan, params, stream);
       XGO_LAUNCH_MMA(64, 1);
     case 128:
-      if (row_tiles) XGO_LAUNCH_MMA(128, 4);
+      if (row_tiles) return LaunchPrefillAttention<T>(plan, params, stream);
       XGO_LAUNCH_MMA(128, 1);
     case 256:
       if (row_tiles) XGO_LAUNCH_MMA(256, 4);

@@ -1,0 +1,475 @@
+// paged_attention prefill kernel: f16/bf16, non-decode batches (the launch plan's row_warps == 4),
+// head_dim 64 and 128. Same semantics, tiles, workspace and split protocol as
+// PagedAttentionMmaKernel (paged_attention_kernels.cuh); what differs is the tile shape:
+//   128 query rows per block, 4 warps x 32 rows (two m16 tiles per warp), so every K/V fragment a
+//   warp loads from shared memory feeds two MMAs instead of one. The 64-row kernel issued one
+//   ldmatrix per two MMAs and was bound by shared-memory bandwidth and latency (ncu: 0.40 eligible
+//   warps per scheduler); here it is one per four.
+// Q stays in shared memory (reloaded per k-step: 32 rows x D in registers would not fit beside the
+// 32 x D f32 accumulators); P stays in registers (S accumulators -> A fragments); exp2 on
+// log2-domain logits; only tiles a warp's rows partly see are masked element by element, tiles
+// they cannot see at all are skipped. Output is staged through the warp's own Q rows in shared
+// memory and stored in 16-byte rows.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "xla_gpu_ops/device_utils.cuh"
+#include "xla_gpu_ops/paged_attention_kernels.cuh"
+#include "xla_gpu_ops/paged_attention_params.cuh"
+
+namespace xgo {
+
+// Launches the prefill kernel for head_dim 64/128 (f16/bf16); sets params.num_splits (<= the
+// plan's) and params.tokens_per_tile for the merge. Defined in paged_attention_prefill.cu.
+template <typename T>
+int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
+                               cudaStream_t stream);
+
+#ifndef XGO_PREFILL_V4_STAGES
+#define XGO_PREFILL_V4_STAGES 2
+#endif
+#ifndef XGO_PREFILL_V4_BLOCK_N
+#define XGO_PREFILL_V4_BLOCK_N 32
+#endif
+
+template <int kD>
+struct PrefillConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kRowsPerWarp = 32;  // two m16 tiles
+  static constexpr int kBlockRows = kWarps * kRowsPerWarp;
+  static constexpr int kBlockN = XGO_PREFILL_V4_BLOCK_N;
+  // Blocks of <= 16 rows split each tile's keys over this many warps (16 keys or more each).
+  static constexpr int kDecodeKeyWarps = kBlockN / 16 < 4 ? kBlockN / 16 : 4;
+  static constexpr int kStages = XGO_PREFILL_V4_STAGES;
+  static constexpr int kLds = kD + 8;  // +16 bytes per row: the 8 rows of an ldmatrix hit 8 bank groups
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages
+  static_assert(kThreads == kWarps * 32, "4 warps");
+};
+
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Tile lookup as FindTile, but the linear block index walks head blocks fastest and the heaviest
+// (last) q tiles of every head first, so the long causal blocks all start in the first wave.
+__device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, int64_t num_q_tiles,
+                                                TileWork& w) {
+  if (p.flags[0] == 0) return false;
+  const int num_head_blocks = p.num_q_heads / p.heads_per_block;
+  const int64_t linear = blockIdx.x;
+  const int head_block = static_cast<int>(linear % num_head_blocks);
+  const int x = static_cast<int>(num_q_tiles - 1 - linear / num_head_blocks);
+  const int n = *p.num_seqs;
+  const int bq = p.tokens_per_tile;
+  int lo = 0, hi = n - 1, found = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (p.query_start_loc[mid] / bq + mid <= x) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (found < 0) return false;
+  const int start = p.query_start_loc[found];
+  const int end = p.query_start_loc[found + 1];
+  const int tok0 = start + (x - (start / bq + found)) * bq;
+  if (tok0 >= end) return false;
+  w.seq = found;
+  w.q_start = start;
+  w.q_len = end - start;
+  w.kv_len = p.context_lens[found];
+  w.tok0 = tok0;
+  w.tok_end = min(tok0 + bq, end);
+  w.head0 = head_block * p.heads_per_block;
+  w.kv_head = w.head0 / p.group_size;
+  w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
+  bool seq_ok = true;
+  for (int c = 0; c < p.page_check_chunks; ++c) {
+    seq_ok = seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
+  }
+  w.seq_ok = seq_ok;
+  return true;
+}
+
+// One block's attention after FindPrefillTile. kMTiles m16 tiles per warp; kKeyWarps warps split
+// each K/V tile's keys (then merge their softmax states in shared memory). Prefill blocks:
+// <2, 1> (4 warps x 32 rows). Blocks of at most 16 rows (decode sequences inside a mixed batch):
+// <1, 4>, so a long context is not walked by one warp alone.
+template <typename T, int kD, int kMTiles, int kKeyWarps>
+__device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, const TileWork& w,
+                                             unsigned char* smem_raw) {
+  using Cfg = PrefillConfig<kD>;
+  constexpr int kBlockN = Cfg::kBlockN;
+  constexpr int kLds = Cfg::kLds;
+  constexpr int kBlockRows = Cfg::kBlockRows;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kKeysPerWarp = kBlockN / kKeyWarps;
+  constexpr int kScoreTiles = kKeysPerWarp / 8;
+  constexpr int kDSteps = kD / 16;
+  constexpr int kOutTiles = kD / 8;
+  constexpr int kKeySteps = kKeysPerWarp / 16;
+  constexpr int kStageElems = kBlockN * kLds;
+  constexpr int kWarpRows = 16 * kMTiles;
+  constexpr int kQRows = kKeyWarps == 1 ? kBlockRows : 16;
+  static_assert(kKeyWarps == 1 || kMTiles == 1, "key-split blocks have one m tile");
+
+  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kBlockRows][kLds]
+  T* s_k = s_q + kBlockRows * kLds;         // [kStages][kBlockN][kLds]
+  T* s_v = s_k + kStages * kStageElems;     // [kStages][kBlockN][kLds]
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int wn = kKeyWarps == 1 ? 0 : warp;
+  const int warp_row0 = kKeyWarps == 1 ? warp * kWarpRows : 0;
+  const KeyRange range = SplitKeyRange<kBlockN>(p, w);
+
+  LoadQTile<T, kD, kQRows, kLds>(p, w, s_q);
+  CpAsyncCommit();
+  KvTileLoader<T, kD, kBlockN, kLds> loader;
+  loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    const int tile = range.tile_begin + i;
+    if (tile < range.tile_end) {
+      const int key0 = range.key_base + tile * kBlockN;
+      loader.Issue(p, w, key0, range.key_end, s_k + i * kStageElems, s_v + i * kStageElems);
+      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
+    }
+    CpAsyncCommit();
+  }
+
+  // This thread's rows: m tile mi, half h -> row warp_row0 + 16 mi + lane / 4 + 8 h.
+  const int offset = w.kv_len - w.q_len - w.q_start;  // absolute key position = offset + token
+  // Key positions the warp's real rows see: up to warp_hi_pos, from warp_lo_pos - window + 1.
+  // Padding rows (zero Q) get finite logits on unmasked tiles and are never stored.
+  const bool warp_active = warp_row0 < w.rows && wn < kKeyWarps;
+  const int warp_row_last = min(warp_row0 + kWarpRows - 1, w.rows - 1);
+  const int warp_lo_pos = offset + w.tok0 + warp_row0 / p.heads_per_block;
+  const int warp_hi_pos = offset + w.tok0 + warp_row_last / p.heads_per_block;
+
+  float acc[kMTiles][kOutTiles][4];
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.0f;
+    }
+  }
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+    row_max[mi][0] = row_max[mi][1] = -INFINITY;
+    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
+  }
+  const float scale2 = p.scale * kLog2e;
+
+  for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
+    const int step = tile - range.tile_begin;
+    const int stage = step % kStages;
+    const int ahead = tile + kStages - 1;
+    if (ahead < range.tile_end) {
+      const int ahead_stage = (step + kStages - 1) % kStages;
+      const int key0 = range.key_base + ahead * kBlockN;
+      loader.Issue(p, w, key0, range.key_end, s_k + ahead_stage * kStageElems,
+                   s_v + ahead_stage * kStageElems);
+      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    __syncthreads();
+    const int warp_key0 = range.key_base + tile * kBlockN + wn * kKeysPerWarp;
+    const bool warp_sees_keys =
+        warp_active && warp_key0 <= warp_hi_pos &&
+        (p.sliding_window == 0 || warp_key0 + kKeysPerWarp - 1 > warp_lo_pos - p.sliding_window);
+    if (warp_sees_keys) {
+      const T* k_tile = s_k + stage * kStageElems + wn * kKeysPerWarp * kLds;
+      const T* v_tile = s_v + stage * kStageElems + wn * kKeysPerWarp * kLds;
+      float s[kMTiles][kScoreTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i) {
+          s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kDSteps; ++ks) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          LdMatrixX4(a[mi], s_q + (warp_row0 + mi * 16 + lane % 16) * kLds + ks * 16 +
+                                (lane / 16) * 8);
+        }
+#pragma unroll
+        for (int np = 0; np < kScoreTiles / 2; ++np) {
+          uint32_t b[4];
+          LdMatrixX4(b, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kLds + ks * 16 +
+                            ((lane / 8) % 2) * 8);
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            Mma16816<T>(s[mi][2 * np], a[mi], b[0], b[1]);
+            Mma16816<T>(s[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+      // Logits in the log2 domain; the mask only where some real row misses some key.
+      const bool visible =
+          warp_key0 + kKeysPerWarp - 1 <= warp_lo_pos &&
+          (p.sliding_window == 0 || warp_key0 > warp_hi_pos - p.sliding_window);
+      const int key0 = warp_key0 + 2 * (lane % 4);
+      float tile_max[kMTiles][2];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) tile_max[mi][0] = tile_max[mi][1] = -INFINITY;
+      if (visible && p.soft_cap == 0.0f) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mi][nt][e] *= scale2;
+              tile_max[mi][e >> 1] = fmaxf(tile_max[mi][e >> 1], s[mi][nt][e]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e >> 1;
+              const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;  // recomputed: saves registers
+              s[mi][nt][e] = Logit2(p, s[mi][nt][e], key0 + nt * 8 + (e & 1),
+                                    offset + w.tok0 + r / p.heads_per_block, r < w.rows);
+              tile_max[mi][h] = fmaxf(tile_max[mi][h], s[mi][nt][e]);
+            }
+          }
+        }
+      }
+      float base[kMTiles][2];
+      bool moved = false;
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m = tile_max[mi][h];
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          const float new_max = fmaxf(row_max[mi][h], m);
+          base[mi][h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
+          const float rescale = FastExp2(row_max[mi][h] - base[mi][h]);
+          moved |= new_max != row_max[mi][h];
+          row_max[mi][h] = new_max;
+          row_sum[mi][h] *= rescale;
+          tile_max[mi][h] = rescale;  // reused: this row's accumulator factor
+        }
+      }
+      // Once the running maxima settle the accumulators need no rescale.
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+          for (int i = 0; i < kOutTiles; ++i) {
+            acc[mi][i][0] *= tile_max[mi][0];
+            acc[mi][i][1] *= tile_max[mi][0];
+            acc[mi][i][2] *= tile_max[mi][1];
+            acc[mi][i][3] *= tile_max[mi][1];
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int nt = 0; nt < kScoreTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mi][nt][e] = FastExp2(s[mi][nt][e] - base[mi][e >> 1]);
+            row_sum[mi][e >> 1] += s[mi][nt][e];
+          }
+        }
+      }
+      // O += P V: the S accumulators are already in the A-operand layout of the next MMA.
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          a[mi][0] = PackPair<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          a[mi][1] = PackPair<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          a[mi][2] = PackPair<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          a[mi][3] = PackPair<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < kOutTiles / 2; ++np) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kLds +
+                                 np * 16 + (lane / 16) * 8);
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            Mma16816<T>(acc[mi][2 * np], a[mi], b[0], b[1]);
+            Mma16816<T>(acc[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[mi][h] += __shfl_xor_sync(0xffffffffu, row_sum[mi][h], 1);
+      row_sum[mi][h] += __shfl_xor_sync(0xffffffffu, row_sum[mi][h], 2);
+    }
+  }
+
+  if constexpr (kKeyWarps > 1) {
+    // Key-split block: every warp parks its state in the K/V buffers (free after the loop's last
+    // barrier); threads merge the warps of each row and store 4 consecutive values at a time.
+    constexpr int kOutLds = kD + 4;
+    static_assert(static_cast<size_t>(kKeyWarps) * 16 * kOutLds * 4 <=
+                      static_cast<size_t>(2 * kStages) * kStageElems * sizeof(T),
+                  "merge buffer must fit in the K/V buffers");
+    __shared__ float s_m[kKeyWarps][16], s_l[kKeyWarps][16];
+    float* s_out = reinterpret_cast<float*>(s_k);  // [kKeyWarps][16][kOutLds]
+#pragma unroll
+    for (int i = 0; i < kOutTiles; ++i) {
+      if (warp >= kKeyWarps) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + i * 8 + 2 * (lane % 4);
+        dst[0] = acc[0][i][2 * h];
+        dst[1] = acc[0][i][2 * h + 1];
+      }
+    }
+    if (lane % 4 == 0 && warp < kKeyWarps) {
+      s_m[warp][lane / 4] = row_max[0][0];
+      s_m[warp][lane / 4 + 8] = row_max[0][1];
+      s_l[warp][lane / 4] = row_sum[0][0];
+      s_l[warp][lane / 4 + 8] = row_sum[0][1];
+    }
+    __syncthreads();
+    constexpr int kVecs = kD / 4;
+    for (int i = threadIdx.x; i < w.rows * kVecs; i += kThreads) {
+      const int r = i / kVecs;
+      const int d = (i % kVecs) * 4;
+      float m = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kKeyWarps; ++k) m = fmaxf(m, s_m[k][r]);
+      const float base = m == -INFINITY ? 0.0f : m;
+      float sum = 0.0f;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < kKeyWarps; ++k) {
+        const float weight = FastExp2(s_m[k][r] - base);
+        sum += weight * s_l[k][r];
+        const float4 part = *reinterpret_cast<const float4*>(s_out + (k * 16 + r) * kOutLds + d);
+        o.x += weight * part.x, o.y += weight * part.y;
+        o.z += weight * part.z, o.w += weight * part.w;
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+      const int token = w.tok0 + r / p.heads_per_block;
+      const int head = w.head0 + r % p.heads_per_block;
+      StoreRow4<T>(p, token, head, d, o);
+      if (d == 0) StoreLse(p, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+    }
+    return;
+  } else {
+    // Each warp owns whole rows. One split: normalised rows go through the warp's own Q rows in
+    // shared memory (no other warp reads them) and out in 16-byte stores. Several splits: f32
+    // parts and log2-sum-exp straight from registers.
+    if (!warp_active) return;
+    float inv[kMTiles][2];
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) inv[mi][h] = row_sum[mi][h] > 0.0f ? 1.0f / row_sum[mi][h] : 0.0f;
+    }
+    if (p.num_splits == 1) {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          T* row = s_q + (warp_row0 + mi * 16 + lane / 4 + 8 * h) * kLds + 2 * (lane % 4);
+#pragma unroll
+          for (int i = 0; i < kOutTiles; ++i) {
+            *reinterpret_cast<uint32_t*>(row + i * 8) =
+                PackPair<T>(acc[mi][i][2 * h] * inv[mi][h], acc[mi][i][2 * h + 1] * inv[mi][h]);
+          }
+        }
+      }
+      __syncwarp();
+      constexpr int kChunk = 16 / sizeof(T);
+      constexpr int kChunksPerRow = kD / kChunk;
+      T* out = static_cast<T*>(p.out);
+      for (int c = lane; c < kWarpRows * kChunksPerRow; c += 32) {
+        const int r = warp_row0 + c / kChunksPerRow;
+        if (r >= w.rows) break;  // rows ascend with c
+        const int col = (c % kChunksPerRow) * kChunk;
+        const int token = w.tok0 + r / p.heads_per_block;
+        const int head = w.head0 + r % p.heads_per_block;
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
+                                  col) = *reinterpret_cast<const uint4*>(s_q + r * kLds + col);
+      }
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
+          if (r >= w.rows) continue;
+          const int token = w.tok0 + r / p.heads_per_block;
+          const int head = w.head0 + r % p.heads_per_block;
+          const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
+          const int64_t split_row =
+              static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row;
+          float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);
+#pragma unroll
+          for (int i = 0; i < kOutTiles; ++i) {
+            *reinterpret_cast<float2*>(dst + i * 8) =
+                make_float2(acc[mi][i][2 * h] * inv[mi][h], acc[mi][i][2 * h + 1] * inv[mi][h]);
+          }
+          if (lane % 4 == 0) {
+            p.partial_lse[split_row] =
+                row_sum[mi][h] > 0.0f ? row_max[mi][h] + log2f(row_sum[mi][h]) : -INFINITY;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 2)
+    PagedAttentionPrefillKernel(const __grid_constant__ PagedAttentionParams p,
+                                int64_t num_q_tiles) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileWork w;
+  if (!FindPrefillTile(p, num_q_tiles, w)) return;
+  if (!w.seq_ok) {
+    PoisonRows<T>(p, w);
+    return;
+  }
+  if (w.rows <= 16) {
+    PrefillBlock<T, kD, 1, PrefillConfig<kD>::kDecodeKeyWarps>(p, w, smem_raw);
+  } else {
+    PrefillBlock<T, kD, 2, 1>(p, w, smem_raw);
+  }
+}
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_

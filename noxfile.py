@@ -42,6 +42,12 @@ def cuda_archs() -> str:
     return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
 
 
+def cmake_build_dir() -> Path:
+    """One build dir per arch list (and per compiler choice: CMake cannot switch inside one)."""
+    name = "sm_" + cuda_archs().replace(";", "-")
+    return ROOT / "build" / (name + "-system-nvcc" if "XLA_GPU_OPS_NVCC" in os.environ else name)
+
+
 _TOOLCHAIN_PROBE = """
 import json, sysconfig, pathlib, jax.ffi
 cu13 = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13"
@@ -66,9 +72,7 @@ def build(session: nox.Session) -> None:
     # A system nvcc (e.g. CUDA 12.x for drivers older than R580) may be chosen explicitly.
     nvcc = os.environ.get("XLA_GPU_OPS_NVCC", tools["nvcc"])
     archs = cuda_archs()
-    build_dir = ROOT / "build" / ("sm_" + archs.replace(";", "-"))
-    if "XLA_GPU_OPS_NVCC" in os.environ:  # CMake cannot switch compilers inside one build dir
-        build_dir = build_dir.with_name(build_dir.name + "-system-nvcc")
+    build_dir = cmake_build_dir()
     # The wheel's nvcc.profile points at lib64; its static cudart is in lib.
     env = {"LIBRARY_PATH": str(Path(tools["cu13"]) / "lib")}
     session.run(
@@ -87,7 +91,8 @@ def build(session: nox.Session) -> None:
 
 def run_pytest(session: nox.Session, *args: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
-    session.run("pytest", *args, *session.posargs, env={"XLA_GPU_OPS_ARTIFACTS": str(ARTIFACTS)})
+    env = {"XLA_GPU_OPS_ARTIFACTS": str(ARTIFACTS), "XLA_GPU_OPS_BUILD_DIR": str(cmake_build_dir())}
+    session.run("pytest", *args, *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, requires=["build"])

@@ -1,0 +1,51 @@
+"""The CMake build: incremental (a second build with no change does nothing) and self-contained."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from xla_gpu_ops import _library
+
+ROOT = Path(__file__).parents[1]
+pytestmark = pytest.mark.build
+
+
+def build_dir() -> Path | None:
+    """The build dir `nox -s build` just used (nox passes it); None outside nox."""
+    path = os.environ.get("XLA_GPU_OPS_BUILD_DIR")
+    return Path(path) if path else None
+
+
+def ninja() -> str | None:
+    return shutil.which("ninja") or next(
+        (str(p) for p in [ROOT / ".nox" / "build" / "bin" / "ninja"] if p.is_file()), None
+    )
+
+
+@pytest.mark.skipif(build_dir() is None, reason="run through nox (it passes XLA_GPU_OPS_BUILD_DIR)")
+@pytest.mark.skipif(ninja() is None, reason="ninja not found (it comes with `nox -s build`)")
+def test_second_build_rebuilds_nothing():
+    dry_run = subprocess.run(
+        [ninja(), "-C", str(build_dir()), "-n", "-d", "explain"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "no work to do" in dry_run.stdout, dry_run.stdout + dry_run.stderr
+
+
+@pytest.mark.skipif(not _library.is_built(), reason="library not built: run `nox -s build`")
+def test_library_needs_no_cuda_or_framework_libraries():
+    """Static cudart and no libtorch: the .so links only the C/C++ runtime (any framework loads it)."""
+    ldd = subprocess.run(["ldd", str(_library.library_path())], capture_output=True, text=True)
+    needed = {line.split()[0] for line in ldd.stdout.splitlines() if "=>" in line}
+    assert needed <= {"libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6", "libdl.so.2"}, (
+        needed
+    )
+    lib = _library.load()
+    for op in ("simple_add", "paged_attention"):
+        for variant in ("launch", "cuda_ffi", "host_ffi", "cuda_legacy"):
+            assert hasattr(lib, f"xla_gpu_{op}_{variant}"), f"missing symbol xla_gpu_{op}_{variant}"

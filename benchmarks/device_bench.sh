@@ -12,6 +12,15 @@ LOG="$OUT/bench/run.log"
 
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=.
+# The copy on the GPU machine has no .git: the commit must come with the command line, e.g.
+#   XLA_GPU_OPS_GIT_COMMIT=$(git rev-parse HEAD) (written out literally in the device call).
+if [ -z "${XLA_GPU_OPS_GIT_COMMIT:-}" ] && [ -e .git ]; then
+  XLA_GPU_OPS_GIT_COMMIT="$(git rev-parse HEAD 2>/dev/null || true)"
+fi
+if [ -z "${XLA_GPU_OPS_GIT_COMMIT:-}" ]; then
+  echo "WARNING: XLA_GPU_OPS_GIT_COMMIT is not set and there is no .git: results say commit unknown"
+fi
+export XLA_GPU_OPS_GIT_COMMIT="${XLA_GPU_OPS_GIT_COMMIT:-}"
 if compgen -G ".whl/*.whl" > /dev/null; then
   # no network there: the wheels come with the call, without their dependencies
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -3
@@ -23,6 +32,7 @@ fi
 
 {
   echo "== $(date -u +%FT%TZ) commit=${XLA_GPU_OPS_GIT_COMMIT:-unknown}"
+  [ -f xla_gpu_ops/_lib/libxla_gpu_ops.so ] && sha256sum xla_gpu_ops/_lib/libxla_gpu_ops.so
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
     --format=csv 2>&1
 } | tee "$LOG"

@@ -57,6 +57,7 @@ class Runner:
     graph: bool = True  # torch: capture the calls in a CUDA graph
     notes: str = ""
     compile_for_dump: Callable[[dict], Any] | None = None  # jax: compile with extra options
+    make_program: Callable[[int], Callable] | None = None  # jax: the program with n chained calls
 
 
 class BenchEnv:
@@ -156,8 +157,12 @@ def _jax_runner(env: BenchEnv, op: Callable, carry0, sets: list, options: dict |
         merged = {**(options or {}), **extra}
         return _chain_program(env, op, len(sets), chain, merged).lower(carry0, sets).compile()
 
+    def make_program(n: int):
+        return _chain_program(env, op, len(sets), n, options)
+
     return Runner("jax", output, program=program, first_carry=carry0, operand_sets=sets,
-                  chain=chain, notes=notes, compile_for_dump=compile_for_dump)  # fmt: skip
+                  chain=chain, notes=notes, compile_for_dump=compile_for_dump,
+                  make_program=make_program)  # fmt: skip
 
 
 def _first(result):
@@ -467,6 +472,28 @@ class ImplSpec:
     slow: bool  # only on cases marked slow_peers
     prepare: Callable[[BenchEnv, Case, list[dict]], Runner]
     anchor_only: bool = False  # on a GPU, only the anchor case (compiles per shape for long)
+    # torch.compile (dynamo) on a GPU: must run in a process where torchax was never imported
+    # (torchax renames torch's PrivateUse1 backend to "jax"; torch 2.11's dynamo then fails with
+    # "PyTorch is not linked with support for jax devices"), so it runs first in its case and,
+    # where torchax is already loaded, the case moves to a fresh worker process.
+    needs_clean_torch: bool = False
+
+
+def torchax_loaded() -> bool:
+    """Whether torchax was imported in this process (it cannot be unloaded)."""
+    import sys
+
+    return "torchax" in sys.modules
+
+
+# Tests set this to apply the clean-process rule on the CPU too (where flex runs eagerly).
+FORCE_CLEAN_TORCH_ENV = "XGO_BENCH_FORCE_CLEAN_TORCH"
+
+
+def needs_clean_process(spec: ImplSpec, env: BenchEnv) -> bool:
+    import os
+
+    return spec.needs_clean_torch and (env.on_gpu or os.environ.get(FORCE_CLEAN_TORCH_ENV) == "1")
 
 
 PAGED = frozenset({"decode", "mixed", "prefill"})
@@ -498,6 +525,7 @@ IMPLS: tuple[ImplSpec, ...] = (
         True,
         prepare_torch_flex_paged,
         anchor_only=True,
+        needs_clean_torch=True,
     ),
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),

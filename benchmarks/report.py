@@ -89,7 +89,17 @@ def verdicts(results: dict) -> list[dict]:
     return out
 
 
+def per_call_us(entry: dict) -> tuple[float, str]:
+    """Time per call of one of our JAX entries: the chain slope when measured (a program's fixed
+    dispatch/sync cost cancels), else the wall-time median."""
+    if entry.get("slope_us") is not None:
+        return entry["slope_us"], "slope"
+    return entry["median_us"], "wall"
+
+
 def _overhead_verdict(record: dict) -> str:
+    """XLA custom call vs the same kernel launched eagerly: the JAX chain's slope per call minus
+    torch's CUDA-graph replay per call (both device-bound time per call of the same launcher)."""
     impls = record["impls"]
     eager = impls.get("xgo_torch", {})
     parts = []
@@ -101,13 +111,14 @@ def _overhead_verdict(record: dict) -> str:
         if entry.get("status") != "ok":
             parts.append(f"{name}: {entry.get('status', 'absent')}")
             continue
-        over = entry["median_us"] - eager["median_us"]
-        parts.append(f"{name} {over:+.2f} µs")
+        per_call, how = per_call_us(entry)
+        over = per_call - eager["median_us"]
+        parts.append(f"{name} {over:+.2f} µs ({how})")
         if name == "xgo_jax_graph":
             worst = over
         cb = entry.get("command_buffer")
         if cb is not None:
-            parts.append(f"{name} graph captured: {cb.get('captured')}")
+            parts.append(f"{name} in CUDA graph: {cb.get('captured')}")
     if worst is None:
         return "; ".join(parts)
     captured = (impls.get("xgo_jax_graph", {}).get("command_buffer") or {}).get("captured")
@@ -120,6 +131,50 @@ def _overhead_verdict(record: dict) -> str:
     return f"{head}: " + "; ".join(parts)
 
 
+def per_call_section(results: dict) -> list[str]:
+    """Per-call detail of ours where measured: wall, slope, device timestamps, graph capture."""
+    rows = []
+    for record in results["cases"]:
+        for name, e in record.get("impls", {}).items():
+            if e.get("status") != "ok" or not any(
+                k in e for k in ("slope_us", "device", "command_buffer")
+            ):
+                continue
+            dev = e.get("device") or {}
+            cb = e.get("command_buffer") or {}
+            dev_text = (
+                f"{dev['span_us']:.1f} / {dev['busy_us']:.1f} / {dev['idle_us']:.1f}"
+                if "span_us" in dev
+                else dev.get("error", "-")
+            )
+            names = ", ".join(f"{k} ×{v}" for k, v in (dev.get("names") or {}).items())
+            cb_text = "-"
+            if cb:
+                cb_text = (f"{cb.get('captured')} ({cb.get('custom_calls_in_command_buffer', '?')}"
+                           f" in / {cb.get('custom_calls_outside', '?')} outside; "
+                           f"{cb.get('file', cb.get('error', ''))})")  # fmt: skip
+            rows.append(
+                f"| {record['name']} | {name} | {e['median_us']:.1f} | "
+                f"{_fmt(e.get('slope_us'))} | {dev_text} | {names or '-'} | {cb_text} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Per call: wall, slope, device timestamps, CUDA graph",
+        "",
+        "wall = the table's median; slope = (2N-call program − N-call program) / N (fixed per-"
+        "program costs cancel); device = span / busy / idle µs per call from the GPU's own "
+        "timestamps (jax profiler, CUPTI; torch: eager loop, so idle there is launch-bound); "
+        "in CUDA graph = custom-call thunks inside a kCommandBuffer thunk in XLA's thunk dump.",
+        "",
+        "| case | impl | wall µs | slope µs | device span / busy / idle µs | device activities |"
+        " in CUDA graph |",
+        "|---|---|---:|---:|---|---|---|",
+        *rows,
+    ]
+
+
 def _fmt(x, spec=".1f", none="-"):
     return none if x is None else format(x, spec)
 
@@ -130,7 +185,8 @@ def markdown(results: dict) -> str:
     lines = [
         f"# Benchmark: {device} — {env['date_utc']} — {env.get('mode')}",
         "",
-        f"torch {env['torch']} · jax {env['jax']} · commit {env['git_commit']} · driver {env.get('driver', '-')}",
+        f"torch {env['torch']} · jax {env['jax']} · commit {env['git_commit']} · driver {env.get('driver', '-')}"
+        f" · library {(env.get('library') or {}).get('sha256', 'not built')[:12]}",
         "",
         f"Ceilings measured in this run: read {ceil['read_gbps']:.4g} GB/s · copy {ceil['copy_gbps']:.4g} GB/s "
         f"(read + write) · {ceil['matmul_dtype']} matmul {ceil['matmul_tflops']:.4g} TFLOP/s.",
@@ -174,6 +230,7 @@ def markdown(results: dict) -> str:
                 f"{e['gbps']:.4g} | {e['tflops']:.3g} | {e['frac_floor']:.2f} | {_fmt(vs, '.2f')} | "
                 f"{check} | {_fmt(e.get('noise_pct'), '.1f')}{'%' if 'noise_pct' in e else ''} |"
             )
+    lines += per_call_section(results)
     lines += ["", "## Timing methods", ""]
     methods = sorted({e["method"].split(";")[0] for r in results["cases"] for e in r["impls"].values()
                       if e.get("status") == "ok"})  # fmt: skip

@@ -47,6 +47,11 @@ def gpu_available() -> bool:
 
 # ------------------------------------------------------------------------------ environment
 def _git_commit() -> str:
+    """HEAD (+dirty) of the checkout; where there is no .git (the lent GPU machine gets a copy of
+    the working tree), XLA_GPU_OPS_GIT_COMMIT as device_bench.sh passes it on."""
+    given = os.environ.get("XLA_GPU_OPS_GIT_COMMIT")
+    if not (ROOT / ".git").exists():
+        return given or "unknown (no .git; set XLA_GPU_OPS_GIT_COMMIT)"
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True)  # fmt: skip
@@ -55,7 +60,43 @@ def _git_commit() -> str:
                                timeout=10).stdout.strip()  # fmt: skip
         return out.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("XLA_GPU_OPS_GIT_COMMIT", "unknown")
+        return given or "unknown"
+
+
+def library_info() -> dict | None:
+    """Which build of libxla_gpu_ops.so ran: path, size, mtime, sha256, ABI version, and the
+    CUDA architectures its fatbinary holds (cuobjdump, where available)."""
+    import hashlib
+
+    try:
+        from xla_gpu_ops import _library
+    except Exception as error:
+        return {"error": f"xla_gpu_ops does not import: {error}"}
+    path = _library.library_path()
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    info = {
+        "path": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "bytes": len(data),
+        "mtime_utc": dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        ),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    try:
+        info["abi_version"] = int(_library.load().xla_gpu_ops_abi_version())
+    except Exception as error:  # a CPU-only box still loads it; say why if not
+        info["abi_version"] = f"not loadable: {error}"
+    try:
+        listing = subprocess.run(["cuobjdump", "--list-elf", str(path)], capture_output=True,
+                                 text=True, timeout=30).stdout  # fmt: skip
+        archs = sorted(set(re.findall(r"sm_\d+[a-z]?", listing)))
+        if archs:
+            info["cuda_archs"] = archs
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
 
 
 def _version(module: str) -> str | None:
@@ -82,6 +123,7 @@ def collect_env(on_gpu: bool) -> dict:
         "jax_cuda_plugin": _version("jax-cuda13-plugin") or _version("jax-cuda12-plugin"),
         "triton": _version("triton"),
         "torchax": _version("torchax"),
+        "library": library_info(),
         "gpu": None,
     }
     if on_gpu:
@@ -216,29 +258,72 @@ def _tolerance(case) -> float:
     return 1e-5 if case.dtype == "float32" else 2e-2
 
 
+THUNK_LINE = re.compile(r"^(\s*)(\d+): (k[A-Za-z0-9]+)")
+
+
+def parse_thunk_sequence(text: str) -> dict:
+    """Where XLA put the custom calls of one thunk-sequence dump.
+
+    XLA's dump (GpuExecutable's `thunk_sequence*.txt`, root_thunk->ToString) has one line per
+    thunk, "<indent><index>: <kind> ..."; thunks recorded into a command buffer (CUDA graph) are
+    indented under their `kCommandBuffer` thunk (the format XLA's own tests parse:
+    CountThunksInDump in xla/backends/gpu/tests/collective_ops_e2e_test_base.cc).
+    """
+    stack: list[tuple[int, str]] = []  # (indent, kind) of the enclosing thunks
+    counts = {"custom_call_in_command_buffer": 0, "custom_call_outside": 0, "command_buffers": 0}
+    lines = {"command_buffer": None, "custom_call": None}
+    for line in text.splitlines():
+        match = THUNK_LINE.match(line)
+        if not match:
+            continue
+        indent, kind = len(match.group(1)), match.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        inside = any(k == "kCommandBuffer" for _, k in stack)
+        if kind == "kCommandBuffer":
+            counts["command_buffers"] += 1
+            lines["command_buffer"] = lines["command_buffer"] or line.strip()[:160]
+        elif kind == "kCustomCall":
+            key = "custom_call_in_command_buffer" if inside else "custom_call_outside"
+            counts[key] += 1
+            lines["custom_call"] = lines["custom_call"] or line.strip()[:160]
+        stack.append((indent, kind))
+    return {**counts, "lines": lines}
+
+
 def command_buffer_evidence(runner) -> dict:
-    """Compile the runner's program with --xla_dump_to and look for a command buffer (CUDA graph)."""
+    """Compile the runner's program with --xla_dump_to and read where its custom calls ended up.
+
+    XLA converts thunks into command buffers after HLO optimisation (CommandBufferConversionPass
+    in the thunk pass pipeline); GpuExecutable writes `*thunk_sequence.txt` before the passes and
+    `*thunk_sequence_after_thunk_passes.txt` only when a pass changed the sequence. Captured means:
+    every custom-call thunk sits inside a kCommandBuffer thunk.
+    """
     with tempfile.TemporaryDirectory(prefix="xgo-dump-") as dump:
         runner.compile_for_dump({"xla_dump_to": dump, "xla_dump_hlo_as_text": True})
-        hits, files = [], sorted(Path(dump).rglob("*"))
-        pattern = re.compile(r"kCommandBuffer|command_buffer|CommandBuffer")
-        for path in files:
-            if not path.is_file() or "debug_options" in path.name:
-                continue
-            try:
-                text = path.read_text(errors="replace")
-            except OSError:
-                continue
-            for line in text.splitlines():
-                if pattern.search(line) and "xla_gpu_enable_command_buffer" not in line:
-                    hits.append(f"{path.name}: {line.strip()[:160]}")
-                    break
-        names = [p.name for p in files if p.is_file()]
+        files = sorted(p for p in Path(dump).rglob("*thunk_sequence*.txt") if p.is_file())
+        after = [p for p in files if "after_thunk_passes" in p.name]
+        chosen = after or [p for p in files if p.name.endswith("thunk_sequence.txt")]
+        if not chosen:
+            names = sorted(p.name for p in Path(dump).rglob("*") if p.is_file())
+            return {"captured": None, "error": "no thunk_sequence dump", "dump_files": names[:8]}
+        # one program was compiled; the largest dump is its main module
+        path = max(chosen, key=lambda p: p.stat().st_size)
+        text = path.read_text(errors="replace")
+        parsed = parse_thunk_sequence(text)
+    inside, outside = parsed["custom_call_in_command_buffer"], parsed["custom_call_outside"]
+    # no custom-call thunk found (a changed dump format?): None, never a guess
+    captured = None if inside + outside == 0 else (inside > 0 and outside == 0)
+    evidence = [f"{path.name}: {line}" for line in parsed["lines"].values() if line]
     return {
-        "captured": bool(hits),
-        "evidence": hits[:4],
-        "dump_files": len(names),
-        "thunk_dumps": [n for n in names if "thunk" in n][:4],
+        "captured": captured,
+        "file": path.name,
+        "after_thunk_passes_written": bool(after),
+        "custom_calls_in_command_buffer": inside,
+        "custom_calls_outside": outside,
+        "command_buffers": parsed["command_buffers"],
+        "evidence": evidence,
+        "head": [line[:160] for line in text.splitlines()[:6]],
     }
 
 
@@ -283,22 +368,23 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
     record["check_against"] = "reference (higher precision)" if expected is not None else None
     fingerprint = _fingerprint(copies)
 
-    for spec in P.IMPLS:
-        if case.kind not in spec.kinds:
-            continue
+    # Entries appear in IMPLS order; torch.compile peers run first (before torchax is imported).
+    specs = [spec for spec in P.IMPLS if case.kind in spec.kinds]
+    for spec in specs:
+        record["impls"][spec.name] = {"role": spec.role}
+    for spec in sorted(specs, key=lambda spec: not spec.needs_clean_torch):
         if progress is not None:
             progress.set_postfix_str(f"{case.name[:28]} {spec.name}")
-        entry: dict = {"role": spec.role}
-        record["impls"][spec.name] = entry
-        if spec.slow and not case.slow_peers:
-            entry.update(status="skipped", reason="slow peer: run on the anchor and key rows only")
+        entry = record["impls"][spec.name]
+        skipped = _skip_reason(spec, case, env, skips)
+        if skipped is not None:
+            entry.update(status=skipped[0], reason=skipped[1])
             continue
-        if spec.anchor_only and env.on_gpu and case.name != ANCHOR_NAME:
-            entry.update(status="skipped", reason="compiles per shape (tens of s): anchor only")
-            continue
-        if skips and spec.name in skips:
-            entry.update(status="failed", reason=skips[spec.name])
-            continue
+        if P.needs_clean_process(spec, env):
+            entry["torchax_loaded_before"] = P.torchax_loaded()
+            if entry["torchax_loaded_before"]:
+                entry.update(status="failed", reason=TORCHAX_LOADED_REASON)
+                continue
         if on_impl is not None:
             on_impl(spec.name)
         try:
@@ -340,13 +426,10 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
                     * abs(again.median_us - timing.median_us)
                     / min(again.median_us, timing.median_us)
                 )
-            if spec.name in ("xgo_jax_graph", "xgo_jax_nograph") and (
+            if spec.name in PER_CALL_IMPLS and (
                 case.kind in ("simple_add", "overhead_decode") or case.name == ANCHOR_NAME
             ):
-                try:
-                    entry["command_buffer"] = command_buffer_evidence(runner)
-                except Exception as error:
-                    entry["command_buffer"] = {"captured": None, "error": _short(error, 300)}
+                entry.update(_per_call_measurements(runner, env, samples))
         except Exception as error:
             entry.update(status="failed", reason=_short(error, 300))
         finally:
@@ -369,6 +452,88 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
 
 
 ANCHOR_NAME = "decode_B32_ctx4k_h32-8_d128_p16"
+TORCHAX_LOADED_REASON = (
+    "torchax was imported earlier in this process and breaks torch.compile (dynamo: "
+    "'PyTorch is not linked with support for jax devices'); the isolated runner (--isolate) "
+    "moves such a case to a fresh worker"
+)
+
+
+# Ours, measured per call in detail on the overhead cases and the anchor (the custom call's cost).
+PER_CALL_IMPLS = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph")
+
+
+def _per_call_measurements(runner, env, samples: int) -> dict:
+    """Device time per call from the GPU's own timestamps, the slope of a JAX chain, and where
+    XLA put the custom calls (command buffer or not). Each part fails on its own."""
+    from benchmarks.timing import _short, device_trace, time_jax_slope
+
+    out: dict = {}
+    if runner.framework == "jax":
+        try:
+            slope = time_jax_slope(runner.make_program, runner.first_carry, runner.operand_sets,
+                                   chain=runner.chain, samples=samples)  # fmt: skip
+            out["slope_us"] = slope.median_us
+            out["slope_p10_p90_us"] = [slope.quantile(0.1), slope.quantile(0.9)]
+            out["slope_method"] = slope.method
+        except Exception as error:
+            out["slope_error"] = _short(error, 300)
+        try:
+            out["command_buffer"] = command_buffer_evidence(runner)
+        except Exception as error:
+            out["command_buffer"] = {"captured": None, "error": _short(error, 300)}
+    if not env.on_gpu:
+        return out
+    try:
+        if runner.framework == "jax":
+            import jax
+
+            rounds = 3
+
+            def run(runner=runner):
+                carry = runner.first_carry
+                for _ in range(rounds):
+                    carry = runner.program(carry, runner.operand_sets)
+                jax.block_until_ready(carry)
+
+            calls = rounds * runner.chain
+        else:
+            import torch
+
+            def run(runner=runner):
+                for _ in range(4):
+                    for call in runner.calls:
+                        call()
+                torch.cuda.synchronize()
+
+            calls = 4 * len(runner.calls)
+        run()  # warm: nothing compiles inside the trace
+        out["device"] = device_trace(run, calls)
+    except Exception as error:
+        out["device"] = {"error": _short(error, 300)}
+    return out
+
+
+def _skip_reason(spec, case, env, skips: dict | None) -> tuple[str, str] | None:
+    """(status, reason) when `spec` is not run on `case`; None when it runs."""
+    if spec.slow and not case.slow_peers:
+        return "skipped", "slow peer: run on the anchor and key rows only"
+    if spec.anchor_only and env.on_gpu and case.name != ANCHOR_NAME:
+        return "skipped", "compiles per shape (tens of s): anchor only"
+    if skips and spec.name in skips:
+        return "failed", skips[spec.name]
+    return None
+
+
+def needs_fresh_process(case, env, skips: dict | None) -> bool:
+    """Whether `case` runs an implementation that needs a process without torchax, and this
+    process has torchax loaded already."""
+    from benchmarks import peers as P
+
+    if not P.torchax_loaded():
+        return False
+    return any(case.kind in spec.kinds and P.needs_clean_process(spec, env)
+               and _skip_reason(spec, case, env, skips) is None for spec in P.IMPLS)  # fmt: skip
 
 
 def meta_of(inputs: dict) -> dict:
@@ -418,9 +583,12 @@ WORKER_GRACE_S = 60.0
 
 
 def select_cases(all_cases, patterns):
+    """Cases whose name contains a pattern, in the order of the patterns (each case once)."""
     if not patterns:
         return list(all_cases)
-    chosen = [c for c in all_cases if any(p in c.name for p in patterns)]
+    chosen = []
+    for pattern in patterns:
+        chosen += [c for c in all_cases if pattern in c.name and c not in chosen]
     if not chosen:
         names = ", ".join(c.name for c in all_cases)
         raise SystemExit(f"--cases {patterns}: no case matches; cases are: {names}")
@@ -456,8 +624,11 @@ def _one_line(record: dict) -> str:
             f"{record['floor_us']:.1f} µs")  # fmt: skip
 
 
-def _run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> None:
-    """Run cases[start:] in this process; emit(event) after each step (see _run_isolated)."""
+def _run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bool:
+    """Run cases[start:] in this process; emit(event) after each step (see _run_isolated).
+
+    Returns False when a worker stopped early because the next case needs a process without
+    torchax (event "fresh_worker"); True when every case ran."""
     from tqdm import tqdm
 
     from benchmarks.peers import BenchEnv
@@ -474,6 +645,11 @@ def _run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> N
             record = {"name": case.name, "kind": case.kind, "params": case.params(),
                       "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
                       "skipped": f"time limit of {config['time_limit_s']:.0f} s reached"}  # fmt: skip
+        elif config.get("worker") and needs_fresh_process(case, env, skips.get(case.name)):
+            print(f"fresh worker for {case.name}: torchax is loaded in this one", flush=True)
+            emit({"event": "fresh_worker", "index": index, "case": case.name})
+            bar.close()
+            return False
         else:
 
             def on_impl(impl, index=index, case=case):
@@ -489,9 +665,11 @@ def _run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> N
         print(f"[{index + 1}/{len(cases)}] {_one_line(record)}", flush=True)
         emit({"event": "case", "index": index, "record": record})
     bar.close()
+    return True
 
 
 IMPL_MARKER = "[xgo-bench] starting"
+FRESH_WORKER_EXIT = 75  # a worker's exit status asking for a fresh process at its next case
 
 
 def _crash_reason(stderr_text: str, returncode: int) -> str:
@@ -550,10 +728,12 @@ def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
                     returncode = proc.returncode
                 except subprocess.TimeoutExpired:
                     returncode = None
-            current = None
+            current = fresh_at = None
             for line in events.read_text().splitlines() if events.exists() else []:
                 event = json.loads(line)
-                if event["event"] == "ceilings":
+                if event["event"] == "fresh_worker":
+                    fresh_at = event["index"]
+                elif event["event"] == "ceilings":
                     ceilings = event["ceilings"]
                 elif event["event"] == "impl_start":
                     current = event
@@ -564,6 +744,9 @@ def _run_isolated(config: dict) -> tuple[dict, list[dict]]:
             _keep_worker_log(config, attempt, returncode, stderr_text)
             if returncode == 0:
                 break
+            if returncode == FRESH_WORKER_EXIT and fresh_at is not None:
+                start = fresh_at  # not a crash: the case needs a process without torchax
+                continue
             if returncode is None:
                 reason = f"killed: still running {WORKER_GRACE_S:.0f} s after the time limit"
             else:
@@ -629,8 +812,8 @@ def worker_main(state_path: Path) -> int:
     if ceilings is None:
         ceilings = _measure_and_announce(config)
         emit({"event": "ceilings", "ceilings": ceilings})
-    _run_cases(config, ceilings, state["start"], state["skips"], emit)
-    return 0
+    finished = _run_cases(config, ceilings, state["start"], state["skips"], emit)
+    return 0 if finished else FRESH_WORKER_EXIT
 
 
 def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=(),

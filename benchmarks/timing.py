@@ -10,7 +10,11 @@ JAX: one jitted program makes `chain` calls in a row, each call's output feeding
 query (so XLA can neither merge nor hoist them) and each call reading the next input copy. A
 sample enqueues `rounds` programs back to back (asynchronous dispatch overlaps the host work with
 the device work) and blocks on the last result; wall time / (rounds * chain) is the time per call.
-This is wall time, so any per-call gap the runtime leaves on the device is counted, as it should.
+This is wall time, so any per-call gap the runtime leaves on the device is counted, as it should,
+but so is each program's fixed cost (dispatch of its arguments, the final sync) spread over its
+calls. `time_jax_slope` removes that: it times programs of `chain` and `2 * chain` calls and takes
+the difference per extra call (the slope), which is what one more call costs in a long program.
+`device_trace` reads the device's own kernel timestamps (jax profiler / CUPTI) around any callable.
 
 CPU (smoke): host clocks around the same loops (there is nothing asynchronous to wait for).
 
@@ -154,6 +158,93 @@ def time_jax_chain(
         jax.block_until_ready(carry)
         out.append(1e6 * (time.perf_counter() - t0) / (rounds * chain))
     return Timing(out, f"jax wall time, {rounds} programs x {chain} chained calls per sample")
+
+
+def time_jax_slope(
+    make_program: Callable[[int], Callable],
+    first_carry,
+    operand_sets: Sequence,
+    *,
+    chain: int,
+    samples: int,
+    rounds: int = 2,
+) -> Timing:
+    """Per-call time as the slope between programs of `chain` and `2 * chain` calls (wall time).
+
+    Each sample times `rounds` programs of each length back to back; a program's fixed costs
+    (argument handling, launch of the first command, the final sync) cancel in the difference.
+    """
+    import jax
+
+    short, long = make_program(chain), make_program(2 * chain)
+    carry = first_carry
+    for program in (short, long, short, long):  # compile + warm-up
+        carry = jax.block_until_ready(program(carry, operand_sets))
+
+    def wall(program) -> float:
+        nonlocal carry
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            carry = program(carry, operand_sets)
+        jax.block_until_ready(carry)
+        return time.perf_counter() - t0
+
+    out = []
+    for _ in range(samples):
+        t_short, t_long = wall(short), wall(long)
+        out.append(1e6 * (t_long - t_short) / (rounds * chain))
+    return Timing(out, f"jax slope: ({rounds} x {2 * chain}-call programs - {rounds} x "
+                       f"{chain}-call programs) / {rounds * chain} calls, wall time")  # fmt: skip
+
+
+def device_trace(run: Callable[[], object], calls: int) -> dict:
+    """Device timestamps of every kernel / memcpy / memset that `run()` puts on the GPU.
+
+    Uses the jax profiler (CUPTI sees the whole CUDA context, so torch's launches appear too).
+    Returns per-call numbers: `span_us` (first start to last end / calls: device time per call
+    including gaps), `busy_us` (summed activity durations / calls) and the activity names, so
+    that copies or memsets a runtime inserts show up by name.
+    """
+    import glob
+    import tempfile
+
+    import jax
+
+    with tempfile.TemporaryDirectory(prefix="xgo-trace-") as tmp:
+        jax.profiler.start_trace(tmp)
+        try:
+            run()
+        finally:
+            jax.profiler.stop_trace()
+        paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
+        if not paths:
+            return {"error": "the profiler wrote no .xplane.pb"}
+        data = jax.profiler.ProfileData.from_file(paths[0])
+    events = []
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.lower().startswith("stream"):
+                continue  # derived lines (XLA Ops, XLA Modules, ...) repeat the same activity
+            events += [(e.start_ns, e.end_ns, e.name) for e in line.events]
+    if not events:
+        return {"error": "no GPU activity in the trace (CUPTI unavailable?)"}
+    events.sort()
+    names: dict[str, int] = {}
+    for _, _, name in events:
+        short_name = name.split("(")[0][:80]
+        names[short_name] = names.get(short_name, 0) + 1
+    span = (max(e[1] for e in events) - events[0][0]) / 1e3
+    busy = sum(e[1] - e[0] for e in events) / 1e3
+    return {
+        "calls": calls,
+        "activities": len(events),
+        "span_us": span / calls,
+        "busy_us": busy / calls,
+        "idle_us": (span - busy) / calls,
+        "names": dict(sorted(names.items(), key=lambda kv: -kv[1])[:6]),
+    }
 
 
 def _short(error: BaseException, limit: int = 160) -> str:

@@ -172,3 +172,110 @@ def test_crash_reason_reads_past_the_last_marker():
     assert "index out of bounds" in reason
     assert "device-side assert" in reason
     assert "startup noise" not in reason
+
+
+# XLA's thunk dumps (GpuExecutable: root_thunk->ToString): "<indent><index>: <kind> ...", thunks
+# recorded into a CUDA graph indented under their kCommandBuffer thunk. Shapes only, made up here.
+GRAPH_DUMP = """000: kCommandBuffer
+  000: kCustomCall xla_gpu_paged_attention_cuda_ffi
+  001: kCustomCall xla_gpu_paged_attention_cuda_ffi
+"""
+NOGRAPH_DUMP = """000: kCustomCall xla_gpu_paged_attention_cuda_ffi
+001: kCustomCall xla_gpu_paged_attention_cuda_ffi
+"""
+MIXED_DUMP = """000: kCommandBuffer
+  000: kKernel loop_fusion
+001: kCustomCall xla_gpu_paged_attention_cuda_ffi
+"""
+
+
+def test_thunk_dump_parser_tells_graph_from_no_graph():
+    graph = run.parse_thunk_sequence(GRAPH_DUMP)
+    assert graph["custom_call_in_command_buffer"] == 2
+    assert graph["custom_call_outside"] == 0
+    assert graph["command_buffers"] == 1
+    nograph = run.parse_thunk_sequence(NOGRAPH_DUMP)
+    assert nograph["custom_call_in_command_buffer"] == 0
+    assert nograph["custom_call_outside"] == 2
+    mixed = run.parse_thunk_sequence(MIXED_DUMP)  # a graph exists, but not around the call
+    assert mixed["custom_call_in_command_buffer"] == 0
+    assert mixed["custom_call_outside"] == 1
+    # a function named like the old search pattern in HLO metadata is not evidence
+    assert run.parse_thunk_sequence('op_name="command_buffer_evidence"')["command_buffers"] == 0
+
+
+def test_cases_run_in_pattern_order():
+    names = [c.name for c in run.select_cases(smoke_cases(), ["smoke_simple", "smoke_decode"])]
+    assert names[0].startswith("smoke_simple")
+    assert names[-1].startswith("smoke_decode")
+    assert len(names) == len(set(names))
+
+
+def test_torch_compile_peer_never_runs_after_torchax(monkeypatch):
+    """torchax breaks torch.compile in torch 2.11 (seen on the H200): a clean-torch peer runs
+    before torchax in its case, and is refused (with the reason) once torchax is loaded."""
+    from benchmarks.cases import build_inputs
+
+    monkeypatch.setenv(peers.FORCE_CLEAN_TORCH_ENV, "1")
+    env = peers.BenchEnv(False)
+    case = smoke_cases()[0]
+    assert case.kind == "decode"
+    flex = next(s for s in peers.IMPLS if s.name == "torch_flex_paged")
+    assert peers.needs_clean_process(flex, env)
+    monkeypatch.setattr(peers, "torchax_loaded", lambda: True)
+    assert run.needs_fresh_process(case, env, None)
+    order = []
+    monkeypatch.setattr(
+        peers,
+        "IMPLS",
+        tuple(
+            peers.ImplSpec(
+                s.name,
+                s.role,
+                s.kinds,
+                False,
+                _recorder(order, s.name),
+                needs_clean_torch=s.needs_clean_torch,
+            )
+            for s in peers.IMPLS
+            if s.name in ("xgo_torchax", "torch_flex_paged", "reference")
+        ),
+    )
+    assert build_inputs  # the case builds its own inputs
+    ceilings = {"read_gbps": 1.0, "matmul_tflops": 1.0}
+    record = run.run_case(env, case, ceilings, samples=2, budget_bytes=1e9, l2_bytes=2**20)
+    assert list(record["impls"]) == ["xgo_torchax", "torch_flex_paged", "reference"]
+    flex_entry = record["impls"]["torch_flex_paged"]
+    assert flex_entry["status"] == "failed"
+    assert flex_entry["reason"] == run.TORCHAX_LOADED_REASON
+    assert order == ["xgo_torchax", "reference"]  # flex was never prepared
+
+
+def _recorder(order, name):
+    def prepare(env, case, copies):
+        order.append(name)
+        raise peers.NotApplicable("recorded only")
+
+    return prepare
+
+
+def test_isolated_run_moves_flex_to_a_fresh_worker(tmp_path):
+    """simple_add first loads torchax (xgo_torchax); the decode case after it needs a process
+    without torchax, so a fresh worker runs it and FlexAttention runs there."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchax", reason="needs torchax")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", peers.FORCE_CLEAN_TORCH_ENV: "1"}
+    cmd = [sys.executable, "-m", "benchmarks.run", "--cpu", "--isolate", "--no-progress",
+           "--samples", "2", "--cases", "smoke_simple_add", "smoke_decode",
+           "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fresh worker for smoke_decode" in proc.stdout
+    simple, decode = json.loads((tmp_path / "results.json").read_text())["cases"]
+    assert simple["name"].startswith("smoke_simple_add")
+    flex = decode["impls"]["torch_flex_paged"]
+    assert flex["status"] == "ok", flex
+    assert flex["torchax_loaded_before"] is False

@@ -2,9 +2,11 @@
 // head_dim 64 and 128. Same semantics, tiles, workspace and split protocol as
 // PagedAttentionMmaKernel (paged_attention_kernels.cuh); what differs is the tile shape:
 //   128 query rows per block, 4 warps x 32 rows (two m16 tiles per warp), so every K/V fragment a
-//   warp loads from shared memory feeds two MMAs instead of one. The 64-row kernel issued one
-//   ldmatrix per two MMAs and was bound by shared-memory bandwidth and latency (ncu: 0.40 eligible
-//   warps per scheduler); here it is one per four.
+//   warp loads from shared memory feeds four MMAs instead of two (ldmatrix : MMA 1 : 2.7 with the
+//   Q reloads, against 1 : 2 in the 64-row kernel, which ncu showed latency-bound at 0.40
+//   eligible warps per scheduler).
+// K/V tiles of 32 keys: 64-key tiles need 32 more score registers per thread and spilled (84 B) at the
+// 255-register limit of 2 blocks/SM; measured 604 vs 553 us (H200, docs/KERNELS.md v4b/v4c).
 // Q stays in shared memory (reloaded per k-step: 32 rows x D in registers would not fit beside the
 // 32 x D f32 accumulators); P stays in registers (S accumulators -> A fragments); exp2 on
 // log2-domain logits; only tiles a warp's rows partly see are masked element by element, tiles
@@ -28,11 +30,11 @@ template <typename T>
 int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                cudaStream_t stream);
 
-#ifndef XGO_PREFILL_V4_STAGES
-#define XGO_PREFILL_V4_STAGES 2
+#ifndef XGO_PREFILL128_STAGES
+#define XGO_PREFILL128_STAGES 2
 #endif
-#ifndef XGO_PREFILL_V4_BLOCK_N
-#define XGO_PREFILL_V4_BLOCK_N 32
+#ifndef XGO_PREFILL128_BLOCK_N
+#define XGO_PREFILL128_BLOCK_N 32
 #endif
 
 template <int kD>
@@ -40,10 +42,10 @@ struct PrefillConfig {
   static constexpr int kWarps = 4;
   static constexpr int kRowsPerWarp = 32;  // two m16 tiles
   static constexpr int kBlockRows = kWarps * kRowsPerWarp;
-  static constexpr int kBlockN = XGO_PREFILL_V4_BLOCK_N;
+  static constexpr int kBlockN = XGO_PREFILL128_BLOCK_N;
   // Blocks of <= 16 rows split each tile's keys over this many warps (16 keys or more each).
   static constexpr int kDecodeKeyWarps = kBlockN / 16 < 4 ? kBlockN / 16 : 4;
-  static constexpr int kStages = XGO_PREFILL_V4_STAGES;
+  static constexpr int kStages = XGO_PREFILL128_STAGES;
   static constexpr int kLds = kD + 8;  // +16 bytes per row: the 8 rows of an ldmatrix hit 8 bank groups
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages

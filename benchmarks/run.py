@@ -136,11 +136,16 @@ def collect_env(on_gpu: bool) -> dict:
             "l2_bytes": getattr(props, "L2_cache_size", None),
         }
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,"
-                                  "power.limit", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=20).stdout.strip()  # fmt: skip
-            env["nvidia_smi"] = smi
-            env["driver"] = smi.split(",")[0].strip() if smi else None
+            fields = ("driver_version", "clocks.max.sm", "clocks.max.mem", "power.limit",
+                      "persistence_mode", "compute_mode")  # fmt: skip
+            smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                  "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=20).stdout.strip()  # fmt: skip
+            # max clocks, not current ones: at query time the GPU idles (345 MHz read as if
+            # it were the clock the run used)
+            values = [v.strip() for v in smi.splitlines()[0].split(",")] if smi else []
+            env["nvidia_smi"] = dict(zip(fields, values, strict=False))
+            env["driver"] = values[0] if values else None
         except (OSError, subprocess.SubprocessError) as error:
             env["driver"] = f"unknown ({error})"
     else:
@@ -272,7 +277,7 @@ def parse_thunk_sequence(text: str) -> dict:
     stack: list[tuple[int, str]] = []  # (indent, kind) of the enclosing thunks
     counts = {"custom_call_in_command_buffer": 0, "custom_call_outside": 0, "command_buffers": 0}
     lines = {"command_buffer": None, "custom_call": None}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         match = THUNK_LINE.match(line)
         if not match:
             continue
@@ -282,11 +287,11 @@ def parse_thunk_sequence(text: str) -> dict:
         inside = any(k == "kCommandBuffer" for _, k in stack)
         if kind == "kCommandBuffer":
             counts["command_buffers"] += 1
-            lines["command_buffer"] = lines["command_buffer"] or line.strip()[:160]
+            lines["command_buffer"] = lines["command_buffer"] or f"{number}: {line.strip()[:160]}"
         elif kind == "kCustomCall":
             key = "custom_call_in_command_buffer" if inside else "custom_call_outside"
             counts[key] += 1
-            lines["custom_call"] = lines["custom_call"] or line.strip()[:160]
+            lines["custom_call"] = lines["custom_call"] or f"{number}: {line.strip()[:160]}"
         stack.append((indent, kind))
     return {**counts, "lines": lines}
 
@@ -314,7 +319,7 @@ def command_buffer_evidence(runner) -> dict:
     inside, outside = parsed["custom_call_in_command_buffer"], parsed["custom_call_outside"]
     # no custom-call thunk found (a changed dump format?): None, never a guess
     captured = None if inside + outside == 0 else (inside > 0 and outside == 0)
-    evidence = [f"{path.name}: {line}" for line in parsed["lines"].values() if line]
+    evidence = [f"{path.name}:{line}" for line in parsed["lines"].values() if line]  # file:line
     return {
         "captured": captured,
         "file": path.name,

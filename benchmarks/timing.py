@@ -137,7 +137,8 @@ def time_jax_chain(
     *,
     chain: int,
     samples: int,
-    target_us: float = 2000.0,
+    target_us: float = 20000.0,
+    min_rounds: int = 4,
     max_rounds: int = 64,
 ) -> Timing:
     """Per-call time of a jitted `program(carry, operand_sets) -> carry` making `chain` calls."""
@@ -149,7 +150,10 @@ def time_jax_chain(
     t0 = time.perf_counter()
     carry = jax.block_until_ready(program(carry, operand_sets))
     estimate_us = 1e6 * (time.perf_counter() - t0)
-    rounds = max(1, min(max_rounds, int(target_us / max(estimate_us, 1e-3))))
+    # Several programs in flight per sample: the first program's dispatch and the final sync
+    # (~0.4 ms together on the H200 with jax 0.11) would otherwise be charged to a few calls
+    # (seen: 1 program x 8 anchor calls read 197 µs per call where the slope is 147 µs).
+    rounds = max(min_rounds, min(max_rounds, int(target_us / max(estimate_us, 1e-3))))
     out = []
     for _ in range(samples):
         t0 = time.perf_counter()

@@ -194,6 +194,8 @@ def test_thunk_dump_parser_tells_graph_from_no_graph():
     assert graph["custom_call_in_command_buffer"] == 2
     assert graph["custom_call_outside"] == 0
     assert graph["command_buffers"] == 1
+    # evidence carries the line number in the dump
+    assert graph["lines"]["custom_call"].startswith("2: 000: kCustomCall")
     nograph = run.parse_thunk_sequence(NOGRAPH_DUMP)
     assert nograph["custom_call_in_command_buffer"] == 0
     assert nograph["custom_call_outside"] == 2

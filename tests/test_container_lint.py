@@ -133,12 +133,14 @@ def test_unknown_nox_session_fails(repo_copy: Path) -> None:
 
 def test_compose_tests_service_must_match_ci(repo_copy: Path) -> None:
     replace_once(
-        repo_copy / "compose.yaml", "command: [nox, -s, lint, tests]", "command: [nox, -s, tests]"
+        repo_copy / "compose.yaml",
+        "command: [nox, -s, lint, tests, xla_cuda]",
+        "command: [nox, -s, tests]",
     )
     result = run_checker(repo_copy)
     assert result.returncode == 1
     assert (
-        "service 'tests' runs nox sessions ['tests'], CI (.ci/run) runs ['lint', 'tests']"
+        "service 'tests' runs nox sessions ['tests'], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']"
         in result.stdout
     )
 

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/config_check.h"
@@ -25,42 +28,110 @@ constexpr int64_t kMaxPrepBlocks = 1024;
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// KV splits actually used, <= the planned (workspace-sized) count: the fewest splits that fill the
-// GPU in whole waves (blocks of one split are ~equal in decode, so a partial last wave idles SMs).
-// Real q tiles are at most min(grid.x, num_tokens): each holds at least one token.
+#ifndef XGO_DECODE_MIN_WAVES
+#define XGO_DECODE_MIN_WAVES 1
+#endif
+#ifndef XGO_NO_PDL
+#define XGO_NO_PDL 0
+#endif
+
+// KV splits actually used, <= the planned (workspace-sized) count: the fewest splits whose
+// blocks fill the resident slots (SMs x blocks per SM) within 2 % of the best fill (blocks of
+// one split are ~equal in decode, so a partial last wave idles SMs; one wave just under the
+// slot count beats a second wave of a few blocks). Real q tiles are at most
+// min(grid.x, num_tokens): each holds at least one token.
 int ChooseSplits(const PagedAttentionPlan& plan, int64_t num_tokens, int64_t slots) {
   if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
   const int64_t per_split = std::min(plan.num_q_tiles, num_tokens) * plan.num_head_blocks;
-  int best = plan.num_splits;
-  double best_efficiency = -1.0;
-  for (int splits = 1; splits <= plan.num_splits; ++splits) {
+  auto fill = [&](int splits) {
     const int64_t blocks = per_split * splits;
-    if (blocks < slots) continue;  // less than one wave: leaves SMs idle
-    const double waves = static_cast<double>(blocks) / static_cast<double>(slots);
-    const double efficiency = waves / std::ceil(waves);
-    if (efficiency > best_efficiency + 1e-3) {
-      best_efficiency = efficiency;
-      best = splits;
-    }
+    const int64_t waves = (blocks + slots - 1) / slots;
+    if (waves < XGO_DECODE_MIN_WAVES && splits < plan.num_splits) return 0.0;
+    return static_cast<double>(blocks) / static_cast<double>(waves * slots);
+  };
+  double best_fill = 0.0;
+  for (int splits = 1; splits <= plan.num_splits; ++splits) best_fill = std::max(best_fill, fill(splits));
+  for (int splits = 1; splits <= plan.num_splits; ++splits) {
+    if (fill(splits) >= best_fill - 0.02) return splits;
   }
-  return best;
+  return plan.num_splits;
 }
 
-template <typename Kernel>
-int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPlan& plan,
-                        PagedAttentionParams& params, cudaStream_t stream) {
+// Per (kernel, device): the dynamic shared-memory attribute is set once and the resident-block
+// count is queried once; afterwards a launch costs no extra CUDA runtime calls beyond
+// cudaGetDevice (the eager / XLA path has no graph to amortise them).
+struct KernelLaunchInfo {
+  int slots;  // SMs x resident blocks per SM
+  bool programmatic_launch;  // sm_90+: programmatic dependent launch
+};
+
+int32_t GetKernelLaunchInfo(const void* kernel, size_t smem_bytes, KernelLaunchInfo* info) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, KernelLaunchInfo> cache;
+  int device = 0;
+  XGO_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device);
+  if (const auto it = cache.find(key); it != cache.end()) {
+    *info = it->second;
+    return XGO_OK;
+  }
   XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem_bytes)));
-  int device = 0, num_sms = 0, blocks_per_sm = 0;
-  XGO_CUDA_CHECK(cudaGetDevice(&device));
+  int num_sms = 0, blocks_per_sm = 0, major = 0;
   XGO_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  XGO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   XGO_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem_bytes));
-  params.num_splits =
-      ChooseSplits(plan, params.num_tokens, static_cast<int64_t>(num_sms) * blocks_per_sm);
+  // griddepcontrol exists only in code compiled for sm_90+ (older PTX JIT-compiled for a newer GPU
+  // would skip the wait), so both the device and the kernel's PTX target must be >= 9.0.
+  cudaFuncAttributes attributes{};
+  XGO_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const bool programmatic = major >= 9 && attributes.ptxVersion >= 90 && !XGO_NO_PDL;
+  KernelLaunchInfo computed{num_sms * blocks_per_sm, programmatic};
+  cache.emplace(key, computed);
+  *info = computed;
+  return XGO_OK;
+}
+
+// Launches kernel<<<grid, kThreads, smem_bytes, stream>>>(params), with programmatic dependent
+// launch when asked for and the device supports it (the kernel must then call
+// WaitForPreviousKernel before reading anything; it works under stream capture too).
+int32_t LaunchKernel(void (*kernel)(PagedAttentionParams), dim3 grid, size_t smem_bytes,
+                     bool programmatic, const PagedAttentionParams& params, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  XGO_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  return XGO_OK;
+}
+
+// programmatic: the kernel checks its own metadata (no prep kernel ran) and may overlap the
+// previous kernel's tail (it waits for it before reading anything).
+template <typename Kernel>
+int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPlan& plan,
+                        PagedAttentionParams& params, cudaStream_t stream,
+                        bool programmatic = false) {
+  KernelLaunchInfo info{};
+  if (const int32_t status =
+          GetKernelLaunchInfo(reinterpret_cast<const void*>(kernel), smem_bytes, &info);
+      status != XGO_OK) {
+    return status;
+  }
+  params.num_splits = ChooseSplits(plan, params.num_tokens, info.slots);
   const dim3 grid(static_cast<unsigned>(plan.num_q_tiles),
                   static_cast<unsigned>(plan.num_head_blocks),
                   static_cast<unsigned>(params.num_splits));
+  if (programmatic) {
+    return LaunchKernel(kernel, grid, smem_bytes, info.programmatic_launch, params, stream);
+  }
   kernel<<<grid, kThreads, smem_bytes, stream>>>(params);
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
@@ -72,7 +143,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
 #define XGO_LAUNCH_MMA(D, RW)                                                               \
   return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
-                         params, stream)
+                         params, stream, /*programmatic=*/RW == 1)
   const bool row_tiles = plan.row_warps == 4;
   switch (params.head_dim) {
     case 64:
@@ -107,15 +178,22 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
               params.head_dim);
 }
 
+// Prefill tiles and f32: prep -> attention -> (merge). 16-row tensor-core (decode) tiles: the
+// attention kernel checks its own metadata (no prep launch on the critical path), then one
+// fill-or-merge kernel writes padding / NaN rows; both overlap their predecessor's tail through
+// programmatic dependent launch on sm_90+.
 template <typename T>
 int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                   cudaStream_t stream) {
-  const int64_t prep_blocks =
-      std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
-  const dim3 prep_grid(static_cast<unsigned>(prep_blocks),
-                       static_cast<unsigned>(params.page_check_chunks));
-  PagedAttentionPrepKernel<T><<<prep_grid, kThreads, 0, stream>>>(params);
-  XGO_CUDA_CHECK(cudaGetLastError());
+  const bool self_checked = sizeof(T) == 2 && plan.row_warps == 1;
+  if (!self_checked) {
+    const int64_t prep_blocks =
+        std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
+    const dim3 prep_grid(static_cast<unsigned>(prep_blocks),
+                         static_cast<unsigned>(params.page_check_chunks));
+    PagedAttentionPrepKernel<T><<<prep_grid, kThreads, 0, stream>>>(params);
+    XGO_CUDA_CHECK(cudaGetLastError());
+  }
   int32_t status;
   if constexpr (sizeof(T) == 4) {
     status = LaunchFma(plan, params, stream);
@@ -123,9 +201,24 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
     status = LaunchMma<T>(plan, params, stream);
   }
   if (status != XGO_OK) return status;
+  const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
+  if (self_checked) {
+    KernelLaunchInfo info{};
+    // Any kernel of this file tells whether the device takes programmatic launches.
+    status = GetKernelLaunchInfo(reinterpret_cast<const void*>(PagedAttentionFillKernel<T>), 0,
+                                 &info);
+    if (status != XGO_OK) return status;
+    if (params.num_splits > 1) {
+      return LaunchKernel(PagedAttentionMergeKernel<T, true>, dim3(static_cast<unsigned>(rows)), 0,
+                          info.programmatic_launch, params, stream);
+    }
+    const int64_t fill_blocks = std::min<int64_t>(kMaxPrepBlocks, params.num_tokens);
+    return LaunchKernel(PagedAttentionFillKernel<T>, dim3(static_cast<unsigned>(fill_blocks)), 0,
+                        info.programmatic_launch, params, stream);
+  }
   if (params.num_splits > 1) {
-    const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
-    PagedAttentionMergeKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(params);
+    PagedAttentionMergeKernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        params);
     XGO_CUDA_CHECK(cudaGetLastError());
   }
   return XGO_OK;

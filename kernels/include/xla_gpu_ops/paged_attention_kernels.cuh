@@ -30,22 +30,46 @@ __device__ __forceinline__ int FastDiv(const FastDivisor& f, int n) {
   return f.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), f.multiplier) >> f.shift);
 }
 
-// ---------------------------------------------------------------- 1. metadata check and fill
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    PagedAttentionPrepKernel(const __grid_constant__ PagedAttentionParams p) {
-  const int tid = threadIdx.x;
+// Programmatic dependent launch (sm_90+): a kernel launched with the programmatic-serialization
+// attribute may start while the previous kernel on the stream drains; it must wait (full
+// completion and memory flush of that kernel) before touching anything the previous kernel
+// wrote. Both are no-ops when the kernel was launched normally, and compiled out below sm_90.
+__device__ __forceinline__ void WaitForPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AllowNextKernelToLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// num_seqs in [0, max_num_seqs] and query_start_loc[0..num_seqs] in [0, T] and non-decreasing:
+// the row partition every other check relies on. Block-uniform result (all threads call it).
+__device__ __forceinline__ bool RowPartitionIsSound(const PagedAttentionParams& p) {
   const int n = *p.num_seqs;
   bool ok = n >= 0 && n <= p.max_num_seqs;
   int bad = 0;
   if (ok) {
-    for (int i = tid; i <= n; i += blockDim.x) {
+    for (int i = threadIdx.x; i <= n; i += blockDim.x) {
       const int start = p.query_start_loc[i];
       bad |= start < 0 || start > p.num_tokens;
       if (i < n) bad |= p.query_start_loc[i + 1] < start;
     }
   }
-  ok = !__syncthreads_or(bad || !ok);
+  return !__syncthreads_or(bad || !ok);
+}
+
+// ---------------------------------------------------------------- 1. metadata check and fill
+// Used before the prefill and f32 kernels; the 16-row tensor-core (decode) kernel checks its own
+// sequence instead and a fill/merge kernel runs after it (LaunchAll).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionPrepKernel(const __grid_constant__ PagedAttentionParams p) {
+  const int tid = threadIdx.x;
+  const int n = *p.num_seqs;
+  const bool ok = RowPartitionIsSound(p);
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
 
   // Block (x, y) checks entries [y * kPrepPages, ...) of the used pages of sequences x, x + gridDim.x..
@@ -99,17 +123,60 @@ struct TileWork {
   bool seq_ok;
 };
 
+#ifndef XGO_FAST_FIND
+#define XGO_FAST_FIND 1
+#endif
+
+// The largest i in [0, n) with query_start_loc[i] / bq + i <= x (-1 if none), by a 32-way search:
+// each lane tests one candidate per round, so S <= 32 costs one round of loads and S <= 1024
+// two, instead of log2(S) dependent loads (a block's start-up latency in decode). Every warp
+// computes the same answer; with a broken (non-monotone) partition the answer is still in range.
+__device__ __forceinline__ int FindSequenceOfTile(const PagedAttentionParams& p, int x, int n,
+                                                  int bq) {
+  const int lane = threadIdx.x % 32;
+  int lo = 0, count = n, found = -1;  // candidates [lo, lo + count)
+  while (count > 0) {
+    const int step = (count + 31) / 32;
+    const int i = lo + lane * step;
+    const bool below = lane * step < count && p.query_start_loc[i] / bq + i <= x;
+    const unsigned ballot = __ballot_sync(0xffffffffu, below);
+    if (ballot == 0) break;
+    const int k = 31 - __clz(ballot);
+    found = lo + k * step;
+    count = min(step - 1, lo + count - 1 - found);  // (found, found + step) still unknown
+    lo = found + 1;
+  }
+  return found;
+}
+
 // Finds this block's sequence and tokens: q tiles of sequence i start at
 // query_start_loc[i] / tokens_per_tile + i (an upper bound of the tiles before it, so grid.x =
 // T / tokens_per_tile + S covers every token without host knowledge of the lengths).
 // Returns false when the block has nothing to do.
+// kSelfCheck (no prep kernel ran): the block checks its own sequence's lengths and the bounds of
+// its query_start_loc pair (so it never writes outside [0, T)); block (0, 0, 0) also checks the
+// whole row partition into flags[0], which the fill/merge kernel after this one acts on (NaN
+// everywhere when it is broken). Without kSelfCheck the prep kernel's flags are read.
+template <bool kSelfCheck = false>
 __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork& w) {
-  if (p.flags[0] == 0) return false;  // prep NaN-filled everything
+  if constexpr (kSelfCheck) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+      const bool ok = RowPartitionIsSound(p);
+      if (threadIdx.x == 0) p.flags[0] = ok ? 1 : 0;
+    }
+  } else {
+    if (p.flags[0] == 0) return false;  // prep NaN-filled everything
+  }
   const int n = *p.num_seqs;
+  if (kSelfCheck && (n < 0 || n > p.max_num_seqs)) return false;
   // Last q tiles first: in a causal prefill they see the most keys, so the long blocks start early.
   const int x = gridDim.x - 1 - blockIdx.x;
   const int bq = p.tokens_per_tile;
   int lo = 0, hi = n - 1, found = -1;
+  if (kSelfCheck && XGO_FAST_FIND) {
+    found = FindSequenceOfTile(p, x, n, bq);
+    hi = -1;
+  }
   while (lo <= hi) {
     const int mid = (lo + hi) >> 1;
     if (p.query_start_loc[mid] / bq + mid <= x) {
@@ -122,6 +189,7 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   if (found < 0) return false;
   const int start = p.query_start_loc[found];
   const int end = p.query_start_loc[found + 1];
+  if (kSelfCheck && !(start >= 0 && start <= end && end <= p.num_tokens)) return false;
   const int tok0 = start + (x - (start / bq + found)) * bq;
   if (tok0 >= end) return false;
   w.seq = found;
@@ -133,11 +201,19 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   w.head0 = blockIdx.y * p.heads_per_block;
   w.kv_head = w.head0 / p.group_size;
   w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
-  bool seq_ok = true;
-  for (int c = 0; c < p.page_check_chunks; ++c) {
-    seq_ok = seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
+  if constexpr (kSelfCheck) {
+    // Pages are checked as they are fetched (KvTileLoader) and outside the read range by
+    // PagesOutsideRangeBad.
+    const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;
+    w.seq_ok = w.kv_len >= 0 && w.kv_len <= capacity && w.q_len <= w.kv_len;
+  } else {
+    bool seq_ok = true;
+    for (int c = 0; c < p.page_check_chunks; ++c) {
+      seq_ok =
+          seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
+    }
+    w.seq_ok = seq_ok;
   }
-  w.seq_ok = seq_ok;
   return true;
 }
 
@@ -239,7 +315,8 @@ struct KvTileLoader {
   static constexpr int kKeys = kBlockN / kKeyStride;
   static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kKeyStride == 0, "tile shape");
 
-  int pages[kKeys];
+  int pages[kKeys];     // -1: zero-fill (past key_end, or a page out of range)
+  bool bad_page = false;  // this thread fetched a page outside [0, num_pages)
 
   __device__ __forceinline__ void FetchPages(const PagedAttentionParams& p, const TileWork& w,
                                              int key0, int key_end) {
@@ -248,7 +325,14 @@ struct KvTileLoader {
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
       const int key = first + i * kKeyStride;
-      pages[i] = key < key_end ? table[FastDiv(p.page_size_div, key)] : 0;
+      int page = -1;
+      if (key < key_end) {
+        page = table[FastDiv(p.page_size_div, key)];
+        const bool in_range = page >= 0 && page < p.num_pages;
+        bad_page |= !in_range;
+        page = in_range ? page : -1;  // never read outside the cache
+      }
+      pages[i] = page;
     }
   }
 
@@ -263,7 +347,7 @@ struct KvTileLoader {
     for (int i = 0; i < kKeys; ++i) {
       const int key_local = key_local0 + i * kKeyStride;
       const int key = key0 + key_local;
-      const bool valid = key < key_end;
+      const bool valid = pages[i] >= 0;
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
       const T* src_k = valid ? head_base + slot * slot_stride : kv;
@@ -272,6 +356,26 @@ struct KvTileLoader {
     }
   }
 };
+
+// Used pages of the sequence that no split of this q tile reads: [0, key_base) (before a sliding
+// window) and past key_end (keys of the sequence's later tokens). Split 0 checks them, so every
+// used page is checked by some split of every row (the merge turns one NaN part into a NaN row).
+__device__ __forceinline__ bool PagesOutsideRangeBad(const PagedAttentionParams& p,
+                                                     const TileWork& w, const KeyRange& range) {
+  if (blockIdx.z != 0 || w.kv_len == 0) return false;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
+  const int used = FastDiv(p.page_size_div, w.kv_len - 1) + 1;
+  const int first_read = FastDiv(p.page_size_div, range.key_base);
+  const int last_read = FastDiv(p.page_size_div, max(range.key_end - 1, range.key_base));
+  bool bad = false;
+  for (int e = threadIdx.x; e < first_read; e += blockDim.x) {
+    bad |= table[e] < 0 || table[e] >= p.num_pages;
+  }
+  for (int e = last_read + 1 + threadIdx.x; e < used; e += blockDim.x) {
+    bad |= table[e] < 0 || table[e] >= p.num_pages;
+  }
+  return bad;
+}
 
 template <typename T, int kD, int kBlockRows, int kLds>
 __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const TileWork& w,
@@ -303,6 +407,12 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 #ifndef XGO_PREFILL_STAGES
 #define XGO_PREFILL_STAGES 2
 #endif
+#ifndef XGO_DECODE_Q_OWN_SMEM
+#define XGO_DECODE_Q_OWN_SMEM 1
+#endif
+#ifndef XGO_DECODE_D64_MIN_BLOCKS
+#define XGO_DECODE_D64_MIN_BLOCKS 3
+#endif
 #ifndef XGO_PREFILL_MIN_BLOCKS
 #define XGO_PREFILL_MIN_BLOCKS 1
 #endif
@@ -316,16 +426,22 @@ struct MmaConfig {
   static constexpr int kLds = kD + 8;  // +16 bytes per row: conflict-free ldmatrix
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
-  // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts: it borrows
-  // the last K stage (not written before the loop) and saves a block's worth of shared memory.
+  // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts. Prefill
+  // tiles: it borrows the last K stage (not written before the loop), saving a block's worth of
+  // shared memory. Decode tiles: 16 rows cost 4 KB; with their own space the second K/V tile is
+  // issued at once instead of after Q arrives (one memory round trip less per block start).
   static constexpr bool kQInRegisters = kD <= 128;
-  static constexpr int kQSmemRows = kQInRegisters ? 0 : kBlockRows;
+  static constexpr bool kQBorrowsK = kQInRegisters && !(kRowWarps == 1 && XGO_DECODE_Q_OWN_SMEM);
+  static constexpr int kQSmemRows = kQBorrowsK ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
   // Decode tiles: cap registers so 3 blocks (12 warps) fit per SM; fewer starved the warp
   // schedulers (ncu: ~0.4 eligible warps per scheduler). Prefill tiles: the same cap spilled 200
   // bytes and measured 955 us vs 887 us uncapped (H200, docs/KERNELS.md), so no cap by default.
-  static constexpr int kMinBlocks = kD > 128 ? 1 : kRowWarps == 4 ? XGO_PREFILL_MIN_BLOCKS : 3;
+  static constexpr int kMinBlocks = kD > 128          ? 1
+                                    : kRowWarps == 4   ? XGO_PREFILL_MIN_BLOCKS
+                                    : kD <= 64         ? XGO_DECODE_D64_MIN_BLOCKS
+                                                       : 3;
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
                 "epilogue buffer must fit in the K/V buffers");
@@ -335,6 +451,8 @@ template <typename T, int kD, int kRowWarps>
 __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
     PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
   using Cfg = MmaConfig<kD, kRowWarps>;
+  // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
+  constexpr bool kSelfCheck = kRowWarps == 1;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kLds = Cfg::kLds;
@@ -351,11 +469,16 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   constexpr int kStageElems = kBlockN * kLds;
   T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;  // [kStages][kBlockN][kLds]
   T* s_v = s_k + kStages * kStageElems;                              // [kStages][kBlockN][kLds]
-  T* s_q = kQInRegisters ? s_k + (kStages - 1) * kStageElems : reinterpret_cast<T*>(smem_raw);
+  constexpr bool kQBorrowsK = Cfg::kQBorrowsK;
+  T* s_q = kQBorrowsK ? s_k + (kStages - 1) * kStageElems : reinterpret_cast<T*>(smem_raw);
   __shared__ float s_m[4][16], s_l[4][16];
 
+  if constexpr (kSelfCheck) {
+    WaitForPreviousKernel();
+    AllowNextKernelToLaunch();  // the fill/merge kernel may be scheduled; it waits for us
+  }
   TileWork w;
-  if (!FindTile(p, w)) return;
+  if (!FindTile<kSelfCheck>(p, w)) return;
   if (!w.seq_ok) {
     PoisonRows<T>(p, w);
     return;
@@ -365,6 +488,7 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   const int wm = warp / kKeyWarps;
   const int wn = warp % kKeyWarps;
   const KeyRange range = SplitKeyRange<kBlockN>(p, w);
+  const bool outside_bad = kSelfCheck && PagesOutsideRangeBad(p, w, range);
 
   LoadQTile<T, kD, kBlockRows, kLds>(p, w, s_q);
   CpAsyncCommit();
@@ -393,15 +517,18 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   }
   const bool warp_active = wm * 16 < w.rows;
 
-  CpAsyncWait<kStages - 1>();  // the Q group
-  __syncthreads();
   uint32_t q_frag[kQInRegisters ? kDSteps : 1][4];
-  if constexpr (kQInRegisters) {
+  if constexpr (kQBorrowsK) {
+    CpAsyncWait<kStages - 1>();  // the Q group
+    __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kDSteps; ++ks) {
       LdMatrixX4(q_frag[ks], s_q + (wm * 16 + lane % 16) * kLds + ks * 16 + (lane / 16) * 8);
     }
     __syncthreads();  // every warp has its Q before the loop refills the borrowed K stage
+  } else if constexpr (!kQInRegisters) {
+    CpAsyncWait<kStages - 1>();  // the Q group
+    __syncthreads();
   }
 
   float acc[kOutTiles][4];
@@ -425,6 +552,14 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
     CpAsyncCommit();
     CpAsyncWait<kStages - 1>();
     __syncthreads();
+    if constexpr (kQInRegisters && !kQBorrowsK) {
+      if (tile == range.tile_begin) {  // Q's group is older than this tile's: it has landed
+#pragma unroll
+        for (int ks = 0; ks < kDSteps; ++ks) {
+          LdMatrixX4(q_frag[ks], s_q + (wm * 16 + lane % 16) * kLds + ks * 16 + (lane / 16) * 8);
+        }
+      }
+    }
     if (warp_active) {
       const T* k_tile = s_k + stage * kStageElems + wn * kKeysPerWarp * kLds;
       const T* v_tile = s_v + stage * kStageElems + wn * kKeysPerWarp * kLds;
@@ -522,7 +657,14 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
     __syncthreads();
   }
   CpAsyncWait<0>();
-  __syncthreads();
+  if constexpr (kSelfCheck) {
+    if (__syncthreads_or(loader.bad_page || outside_bad)) {  // block-uniform
+      PoisonRows<T>(p, w);
+      return;
+    }
+  } else {
+    __syncthreads();
+  }
 
   // Epilogue: every warp parks its state in shared memory (reusing the K/V buffers); threads then
   // merge the key-warps of each row and store 4 consecutive values at a time.
@@ -722,13 +864,38 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---------------------------------------------------------------- 3. split merge
+// ---------------------------------------------------------------- 3. fill and split merge
+// After the decode kernel (no prep kernel ran): rows no sequence owns get zeros, every row gets
+// NaN when flags[0] (written by the decode kernel's block 0) says the row partition is broken.
+// One block per token (grid-stride); used when there are no splits to merge.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    PagedAttentionFillKernel(const __grid_constant__ PagedAttentionParams p) {
+  WaitForPreviousKernel();
+  AllowNextKernelToLaunch();
+  const bool ok = p.flags[0] != 0;
+  const int first = ok ? p.query_start_loc[0] : 0;
+  const int last = ok ? p.query_start_loc[*p.num_seqs] : 0;
+  constexpr int kPerVec = 16 / sizeof(T);
+  T fill_elems[kPerVec];
+#pragma unroll
+  for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
+  const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
+  const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
+  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    if (ok && t >= first && t < last) continue;
+    uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
+    for (int64_t i = threadIdx.x; i < vectors_per_row; i += blockDim.x) row[i] = fill;
+  }
+}
+
 // One block per (token, q head): 4 groups of 32 lanes, each group sums every 4th split (4 float
-// columns per lane), then the groups are added through shared memory. Rows no sequence owns keep
-// the prep kernel's zeros.
+// columns per lane), then the groups are added through shared memory. kFill (after the decode
+// kernel): this kernel also writes the zero / NaN rows of PagedAttentionFillKernel; otherwise the
+// prep kernel wrote them.
 constexpr int kMergeGroups = kThreads / 32;
 
-template <typename T>
+template <typename T, bool kFill>
 __global__ void __launch_bounds__(kThreads)
     PagedAttentionMergeKernel(const __grid_constant__ PagedAttentionParams p) {
   __shared__ float s_lse[kMaxSplits];
@@ -736,11 +903,22 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_sum[kMergeGroups];
   const int64_t row = blockIdx.x;
   const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  if (p.flags[0] == 0) return;
-  const int token = static_cast<int>(row / p.num_q_heads);
-  const int n = *p.num_seqs;
-  if (token < p.query_start_loc[0] || token >= p.query_start_loc[n]) return;
   const int tid = threadIdx.x;
+  if constexpr (kFill) {
+    WaitForPreviousKernel();
+    AllowNextKernelToLaunch();
+  }
+  const bool ok = p.flags[0] != 0;
+  const int token = static_cast<int>(row / p.num_q_heads);
+  const bool owned = ok && token >= p.query_start_loc[0] && token < p.query_start_loc[*p.num_seqs];
+  if (!owned) {
+    if constexpr (kFill) {
+      const float value = ok ? 0.0f : QuietNaN();
+      T* out = static_cast<T*>(p.out) + row * p.head_dim;
+      for (int d = tid; d < p.head_dim; d += kThreads) out[d] = FromFloat<T>(value);
+    }
+    return;
+  }
   for (int z = tid; z < p.num_splits; z += kThreads) {
     s_lse[z] = p.partial_lse[static_cast<int64_t>(z) * num_rows + row];
   }

@@ -19,6 +19,9 @@ namespace xgo {
 constexpr int64_t kFlagsHeader = 32;
 constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
+// Decode: room for several waves of split blocks (the launcher picks the count that fills the
+// GPU best; e.g. Hq = Hkv = 32, B = 32 has 1024 blocks per split, 2.6 waves at 3 blocks/SM).
+constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 constexpr int kMaxSplits = 128;
 constexpr int kPrepPagesPerThread = 8;
@@ -62,7 +65,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   const int64_t blocks = p.num_q_tiles * p.num_head_blocks;
   const int64_t capacity = c.pages_per_seq * c.page_size;
   // Prefill-like batches have many real blocks already; their static bound overestimates them.
-  const int64_t target = decode_like ? kTargetBlocks : kTargetBlocks / 2;
+  const int64_t target = decode_like ? kDecodeTargetBlocks : kTargetBlocks / 2;
   int64_t splits = (target + blocks - 1) / blocks;
   const int64_t by_length = (capacity + kMinSplitKeys - 1) / kMinSplitKeys;
   if (splits > by_length) splits = by_length;

@@ -32,12 +32,7 @@ for step in "${steps[@]}"; do
         timeout 90 python3 examples/xla_gpu_attention.py --mode all $args 2>&1 | grep -v "^WARNING" \
           | tee -a "$OUT/examples.txt" | tail -12 || status=1
       done ;;
-    sanitizer)
-      for tool in memcheck racecheck; do
-        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "${PYTEST[@]}" \
-          tests/test_kernels_cuda.py -k "not 128k and not many_sequences and not long" -x 2>&1 | tail -4 \
-          | tee -a "$OUT/sanitizer.txt" || status=1
-      done ;;
+    sanitizer) OUT="$OUT" bash benchmarks/device_kernels.sh sanitize || status=1 ;;
     bench) XGO_BENCH_TIME_LIMIT=${XGO_BENCH_TIME_LIMIT:-420} bash benchmarks/device_bench.sh || status=1 ;;
     bench-quick) XGO_BENCH_TIME_LIMIT=${XGO_BENCH_TIME_LIMIT:-150} bash benchmarks/device_bench.sh --quick \
       2>&1 | tail -40 || status=1 ;;

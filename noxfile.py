@@ -28,9 +28,18 @@ ARTIFACTS = ROOT / "artifacts"
 LOCK_PLATFORM = "x86_64-manylinux_2_28"
 
 
+# torch_xla 2.9.0's wheel also ships a top-level `torchax` package (its own copy, version 0.0.6),
+# which overwrites torchax 0.0.13's files when both install in one step: install the locked torchax
+# again afterwards, so the version the lock names is the one that imports (tests/test_environment.py).
+REINSTALL_AFTER = {"default": ("torchax",)}
+
+
 def install_lock(session: nox.Session, name: str) -> None:
     """Install one hash-locked requirements file (uv checks every hash)."""
-    session.install("--require-hashes", "-r", str(LOCKS / f"{name}.txt"))
+    lock_file = str(LOCKS / f"{name}.txt")
+    session.install("--require-hashes", "-r", lock_file)
+    for package in REINSTALL_AFTER.get(name, ()):
+        session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
 
 
 def install_package(session: nox.Session) -> None:

@@ -35,7 +35,8 @@ def test_installed_version_is_locked(name):
 
 @pytest.mark.parametrize("name", HASHED_DISTRIBUTIONS)
 def test_installed_files_match_record(name):
-    """A wheel's files must hash to its RECORD: catches a corrupted cache serving other contents."""
+    """A wheel's files must hash to its RECORD: catches another wheel overwriting them (torch_xla
+    2.9.0 ships its own `torchax` package; noxfile.REINSTALL_AFTER puts the locked one back)."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:

@@ -315,8 +315,8 @@ struct KvTileLoader {
   static constexpr int kKeys = kBlockN / kKeyStride;
   static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kKeyStride == 0, "tile shape");
 
-  int pages[kKeys];     // -1: zero-fill (past key_end, or a page out of range)
-  bool bad_page = false;  // this thread fetched a page outside [0, num_pages)
+  int pages[kKeys];       // raw block_tables entries (-1 past key_end); checked in Issue
+  bool bad_page = false;  // this thread issued a key whose page is outside [0, num_pages)
 
   __device__ __forceinline__ void FetchPages(const PagedAttentionParams& p, const TileWork& w,
                                              int key0, int key_end) {
@@ -325,19 +325,14 @@ struct KvTileLoader {
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
       const int key = first + i * kKeyStride;
-      int page = -1;
-      if (key < key_end) {
-        page = table[FastDiv(p.page_size_div, key)];
-        const bool in_range = page >= 0 && page < p.num_pages;
-        bad_page |= !in_range;
-        page = in_range ? page : -1;  // never read outside the cache
-      }
-      pages[i] = page;
+      // Not inspected here: a compare right after the load makes the warp wait for it before
+      // this tile's math instead of at the next Issue (at D=256, 4 warps/SM, nothing hides it).
+      pages[i] = key < key_end ? table[FastDiv(p.page_size_div, key)] : -1;
     }
   }
 
   __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w,
-                                        int key0, int key_end, T* s_k, T* s_v) const {
+                                        int key0, int key_end, T* s_k, T* s_v) {
     const T* kv = static_cast<const T*>(p.kv_cache);
     const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
     const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
@@ -347,7 +342,9 @@ struct KvTileLoader {
     for (int i = 0; i < kKeys; ++i) {
       const int key_local = key_local0 + i * kKeyStride;
       const int key = key0 + key_local;
-      const bool valid = pages[i] >= 0;
+      const bool in_range = pages[i] >= 0 && pages[i] < p.num_pages;
+      bad_page |= key < key_end && !in_range;
+      const bool valid = key < key_end && in_range;  // never read outside the cache
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
       const T* src_k = valid ? head_base + slot * slot_stride : kv;

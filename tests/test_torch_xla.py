@@ -290,3 +290,12 @@ def test_num_seqs_may_live_on_the_host():
     expected = reference.paged_attention(**inputs, scale=0.1)
     out = xgo_torch_xla.paged_attention_xla(*args, 0.1).cpu()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_opcheck_on_xla_device(monkeypatch):
+    """torch.library.opcheck on XLA tensors (composite impl, which executes on XLA:CPU)."""
+    monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, "composite")
+    args = (*on_xla(small_inputs(11)), 0.125, 9, 3.0)
+    torch.library.opcheck(torch.ops.xla_gpu.paged_attention.default, args)
+    a = torch.randn(7, 33).to(torch_xla.device())
+    torch.library.opcheck(torch.ops.xla_gpu.simple_add.default, (a, a))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,13 +22,20 @@ def build_dir() -> Path | None:
 
 
 def ninja() -> str | None:
-    return shutil.which("ninja") or next(
-        (str(p) for p in [ROOT / ".nox" / "build" / "bin" / "ninja"] if p.is_file()), None
-    )
+    """The ninja that made the build (CMAKE_MAKE_PROGRAM): another version hashes commands
+    differently and would see every command line as changed."""
+    directory = build_dir()
+    cache = directory / "CMakeCache.txt" if directory else None
+    if cache is None or not cache.is_file():
+        return None
+    found = re.search(r"^CMAKE_MAKE_PROGRAM:\w+=(.+)$", cache.read_text(), flags=re.MULTILINE)
+    return found[1].strip() if found and Path(found[1].strip()).is_file() else None
 
 
 @pytest.mark.skipif(build_dir() is None, reason="run through nox (it passes XLA_GPU_OPS_BUILD_DIR)")
-@pytest.mark.skipif(ninja() is None, reason="ninja not found (it comes with `nox -s build`)")
+@pytest.mark.skipif(
+    ninja() is None, reason="no CMAKE_MAKE_PROGRAM in the build dir: run `nox -s build`"
+)
 def test_second_build_rebuilds_nothing():
     dry_run = subprocess.run(
         [ninja(), "-C", str(build_dir()), "-n", "-d", "explain"],

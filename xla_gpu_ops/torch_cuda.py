@@ -14,12 +14,9 @@ import torch
 
 from xla_gpu_ops import _library, _validation
 from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD
+from xla_gpu_ops.torch_ops import dtype_name, paged_attention_static_dims
 
 _PAGED_ARGS = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
@@ -50,10 +47,10 @@ def _stream(device: torch.device) -> ctypes.c_void_p:
 def simple_add_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a + b on the GPU (f32, f16, bf16; same shape and dtype; any size)."""
     device = _check_cuda("simple_add", {"a": a, "b": b})
-    _validation.check_simple_add(a.shape, _dtype_name(a.dtype), b.shape, _dtype_name(b.dtype))
+    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    config = _library.simple_add_config(_dtype_name(a.dtype), a.numel())
+    config = _library.simple_add_config(dtype_name(a.dtype), a.numel())
     lib = _library.load()
     with torch.cuda.device(device):
         status = getattr(lib, SIMPLE_ADD.launch_symbol)(
@@ -95,16 +92,10 @@ def paged_attention_cuda(
             strict=True)
     )  # fmt: skip
     device = _check_cuda("paged_attention", tensors)
-    dims = _validation.check_paged_attention_static(
-        {name: tuple(t.shape) for name, t in tensors.items()},
-        {name: _dtype_name(t.dtype) for name, t in tensors.items()},
-        scale,
-        sliding_window,
-        soft_cap,
-    )
+    dims = paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
     tensors = {name: _dense(t) for name, t in tensors.items()}
     config = _library.paged_attention_config(
-        dims, _dtype_name(query.dtype), scale, sliding_window, soft_cap
+        dims, dtype_name(query.dtype), scale, sliding_window, soft_cap
     )
     workspace_elems = _library.paged_attention_workspace_elems(config)
     out = torch.empty(query.shape, dtype=query.dtype, device=device)

@@ -40,6 +40,19 @@ def check_paged_attention_tensors(
             raise ValueError(
                 f"paged_attention: {name}: on device {value.device}, query is on {tensors['query'].device}"
             )
+    return paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
+
+
+def paged_attention_static_dims(
+    tensors: dict[str, torch.Tensor],
+    scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+) -> _validation.PagedAttentionDims:
+    """Shapes, dtypes and attributes of torch tensors through the shared checks; reads no data.
+
+    Device rules differ per backend (CUDA, XLA) and stay with them; this part is the same.
+    """
     return _validation.check_paged_attention_static(
         {name: tuple(t.shape) for name, t in tensors.items()},
         {name: dtype_name(t.dtype) for name, t in tensors.items()},

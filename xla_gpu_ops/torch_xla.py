@@ -25,6 +25,7 @@ import torch
 
 from xla_gpu_ops import _library, _validation
 from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD, OpSpec
+from xla_gpu_ops.torch_ops import dtype_name, paged_attention_static_dims
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
 IMPL_ENV = "XLA_GPU_OPS_XLA_IMPL"  # "custom_call" | "composite": override the implementation
@@ -126,10 +127,6 @@ def paged_attention_attributes(
     )
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 # ---------------------------------------------------------------------------- custom call
 def config_digest(backend_config: bytes) -> int:
     """A signed 63-bit digest of a backend_config, used to make it part of the graph's cache key."""
@@ -174,7 +171,7 @@ def emit_custom_call(
 # ---------------------------------------------------------------------------- simple_add
 def simple_add_xla(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a + b on an XLA device: custom call xla_gpu_simple_add, or plain XLA add (composite)."""
-    _validation.check_simple_add(a.shape, _dtype_name(a.dtype), b.shape, _dtype_name(b.dtype))
+    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
     if a.device != b.device:
         raise ValueError(f"simple_add: b: on device {b.device}, a is on {a.device}")
     if xla_impl(a.device) == "composite":
@@ -183,7 +180,7 @@ def simple_add_xla(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     abi = custom_call_abi()
     # No attributes: the typed handler reads shapes from its buffers; the legacy one from the opaque.
     backend_config = (
-        "{}" if abi == "ffi" else bytes(_library.simple_add_config(_dtype_name(a.dtype), a.numel()))
+        "{}" if abi == "ffi" else bytes(_library.simple_add_config(dtype_name(a.dtype), a.numel()))
     )
     (out,) = emit_custom_call(SIMPLE_ADD, [a, b], [tuple(a.shape)], [a.dtype], abi, backend_config)
     return out
@@ -222,12 +219,8 @@ def paged_attention_xla(
             raise ValueError(
                 f"paged_attention: {name}: on device {value.device}, query is on {device}"
             )
-    dtype_name = _dtype_name(query.dtype)
-    dims = _validation.check_paged_attention_static(
-        {name: tuple(t.shape) for name, t in tensors.items()},
-        {name: _dtype_name(t.dtype) for name, t in tensors.items()},
-        scale, sliding_window, soft_cap,
-    )  # fmt: skip
+    query_dtype = dtype_name(query.dtype)
+    dims = paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
     if xla_impl(device) == "composite":
         return paged_attention_composite(
             query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
@@ -235,7 +228,7 @@ def paged_attention_xla(
         )  # fmt: skip
     _prepare_runtime(device)
     abi = custom_call_abi()
-    config = _library.paged_attention_config(dims, dtype_name, scale, sliding_window, soft_cap)
+    config = _library.paged_attention_config(dims, query_dtype, scale, sliding_window, soft_cap)
     workspace_elems = _library.paged_attention_workspace_elems(config)
     if abi == "ffi":
         backend_config = paged_attention_attributes(scale, sliding_window, soft_cap)

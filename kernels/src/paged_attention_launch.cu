@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -55,6 +56,11 @@ constexpr int64_t kSplitCostTileKeys = 64;
 int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
                  int64_t slots) {
   if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
+#ifdef XGO_SPLITS_FROM_ENV  // tuning builds only: XGO_DECODE_SPLITS=n forces n (<= the plan's)
+  if (const char* forced = std::getenv("XGO_DECODE_SPLITS")) {
+    return std::max(1, std::min(plan.num_splits, std::atoi(forced)));
+  }
+#endif
   const int64_t per_split =
       std::min<int64_t>(plan.num_q_tiles, params.num_tokens) * plan.num_head_blocks;
   if (XGO_SPLIT_COST_MODEL && plan.tensor_cores && plan.row_warps == 1) {

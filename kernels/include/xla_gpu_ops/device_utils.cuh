@@ -42,6 +42,20 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(smem)),
                "l"(gmem), "r"(src_bytes));
 }
+// The same with an L2 cache policy (createpolicy), e.g. EvictFirstPolicy().
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes,
+                                          uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   SharedAddress(smem)),
+               "l"(gmem), "r"(src_bytes), "l"(policy));
+}
+// L2 policy for data read exactly once (decode K/V): evicted first, so the stream does not push
+// out what is read again soon (block tables, the split parts the merge kernel reads).
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -33,6 +33,9 @@ int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionPar
 #ifndef XGO_PREFILL128_STAGES
 #define XGO_PREFILL128_STAGES 2
 #endif
+#ifndef XGO_PREFILL128_SWIZZLE
+#define XGO_PREFILL128_SWIZZLE 0  // swizzled: 40 B spilled, prefill 10-12 % slower (H200)
+#endif
 #ifndef XGO_PREFILL128_BLOCK_N
 #define XGO_PREFILL128_BLOCK_N 32
 #endif
@@ -46,7 +49,7 @@ struct PrefillConfig {
   // Blocks of <= 16 rows split each tile's keys over this many warps (16 keys or more each).
   static constexpr int kDecodeKeyWarps = kBlockN / 16 < 4 ? kBlockN / 16 : 4;
   static constexpr int kStages = XGO_PREFILL128_STAGES;
-  static constexpr int kLds = kD + 8;  // +16 bytes per row: the 8 rows of an ldmatrix hit 8 bank groups
+  static constexpr int kLds = XGO_PREFILL128_SWIZZLE ? kD : kD + 8;  // see TileOffset
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages
   static_assert(kThreads == kWarps * 32, "4 warps");
@@ -207,14 +210,14 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
         uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
-          LdMatrixX4(a[mi], s_q + (warp_row0 + mi * 16 + lane % 16) * kLds + ks * 16 +
-                                (lane / 16) * 8);
+          LdMatrixX4(a[mi], s_q + TileOffset<T, kD, kLds>(warp_row0 + mi * 16 + lane % 16,
+                                                          ks * 16 + (lane / 16) * 8));
         }
 #pragma unroll
         for (int np = 0; np < kScoreTiles / 2; ++np) {
           uint32_t b[4];
-          LdMatrixX4(b, k_tile + (np * 16 + (lane / 16) * 8 + lane % 8) * kLds + ks * 16 +
-                            ((lane / 8) % 2) * 8);
+          LdMatrixX4(b, k_tile + TileOffset<T, kD, kLds>(np * 16 + (lane / 16) * 8 + lane % 8,
+                                                         ks * 16 + ((lane / 8) % 2) * 8));
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
             Mma16816<T>(s[mi][2 * np], a[mi], b[0], b[1]);
@@ -314,8 +317,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
         for (int np = 0; np < kOutTiles / 2; ++np) {
           uint32_t b[4];
-          LdMatrixX4Trans(b, v_tile + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kLds +
-                                 np * 16 + (lane / 16) * 8);
+          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                                              np * 16 + (lane / 16) * 8));
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
             Mma16816<T>(acc[mi][2 * np], a[mi], b[0], b[1]);
@@ -405,10 +408,10 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
       for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          T* row = s_q + (warp_row0 + mi * 16 + lane / 4 + 8 * h) * kLds + 2 * (lane % 4);
+          const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
 #pragma unroll
           for (int i = 0; i < kOutTiles; ++i) {
-            *reinterpret_cast<uint32_t*>(row + i * 8) =
+            *reinterpret_cast<uint32_t*>(s_q + TileOffset<T, kD, kLds>(r, i * 8 + 2 * (lane % 4))) =
                 PackPair<T>(acc[mi][i][2 * h] * inv[mi][h], acc[mi][i][2 * h + 1] * inv[mi][h]);
           }
         }
@@ -424,7 +427,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
         *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
-                                  col) = *reinterpret_cast<const uint4*>(s_q + r * kLds + col);
+                                  col) = *reinterpret_cast<const uint4*>(s_q + TileOffset<T, kD, kLds>(r, col));
       }
     } else {
 #pragma unroll

@@ -1,0 +1,143 @@
+"""Decode probes for kernel work (run on a GPU machine; graph replay, decode_timing's method).
+
+usage: python3 benchmarks/decode_probe.py LABEL [group ...]
+groups: bw (read bandwidth), layout (page placement and kv-head interleave), layout2 (anchor,
+ctx 16k, B=1 64k, D=256), prefill (mixed batch, 1x8k and 8x2k causal prefill), ctx (context
+sweep: the intercept is the fixed cost per call), big (64k contexts), splits (forced split counts:
+needs a library built with -DXGO_SPLITS_FROM_ENV). XLA_GPU_OPS_LIBRARY picks the library, so
+variants built side by side are compared in one call. Each line: two medians (the noise) and
+the fraction of the K/V bytes at READ_BW (default 4475e9, the H200 read bandwidth).
+"""
+
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+import decode_timing as dt
+
+READ_BW = float(os.environ.get("READ_BW", "4475e9"))
+
+
+def inputs(batch, context, hq, hkv, d, identity=False, page_size=16):
+    s = list(dt.decode_inputs(batch, context, hq, hkv, d, page_size))
+    if identity:
+        pages = s[3].numel()
+        s[3] = torch.arange(pages, dtype=torch.int32, device="cuda").view_as(s[3])
+    return s
+
+
+def run(label, name, b, ctx, hq, hkv, d, identity=False, page_size=16, nsets=2):
+    sets = [inputs(b, ctx, hq, hkv, d, identity, page_size) for _ in range(nsets)]
+    us = dt.graph_us(sets)
+    us2 = dt.graph_us(sets)
+    floor = b * ctx * hkv * 2 * d * 2 / READ_BW * 1e6
+    print(
+        f"{label:8s} {name:34s} {us:8.1f} {us2:8.1f} us  floor {floor:7.1f} -> {floor / us:.3f}",
+        flush=True,
+    )
+    del sets
+    torch.cuda.empty_cache()
+    return us
+
+
+def ragged_inputs(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16):
+    """Ragged batch: per sequence q_len new tokens at the end of kv_len keys, random pages."""
+    n = len(q_lens)
+    pages_per_seq = -(-max(kv_lens) // page_size)
+    num_pages = n * pages_per_seq
+    kv_cache = torch.randn(num_pages, page_size, 2 * hkv, d, device="cuda").to(torch.bfloat16)
+    block_tables = torch.randperm(num_pages, device="cuda", dtype=torch.int32).view(
+        n, pages_per_seq
+    )
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    query = torch.randn(starts[-1], hq, d, device="cuda").to(torch.bfloat16)
+    return (
+        query,
+        kv_cache,
+        torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
+        block_tables,
+        torch.tensor(starts, dtype=torch.int32, device="cuda"),
+        torch.tensor([n], dtype=torch.int32, device="cuda"),
+    )
+
+
+def run_ragged(label, name, q_lens, kv_lens):
+    sets = [ragged_inputs(q_lens, kv_lens) for _ in range(2)]
+    us = dt.graph_us(sets, repeats=10)
+    us2 = dt.graph_us(sets, repeats=10)
+    print(f"{label:8s} {name:34s} {us:8.1f} {us2:8.1f} us", flush=True)
+    del sets
+    torch.cuda.empty_cache()
+
+
+def read_bw():
+    x = torch.randn(2 * 1024**3 // 4, device="cuda")
+    for _ in range(3):
+        x.sum()
+    torch.cuda.synchronize()
+    t = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        t.append(a.elapsed_time(b) * 1e-3)
+    bw = x.numel() * 4 / statistics.median(t)
+    print(f"read bandwidth (sum of 2 GiB f32): {bw / 1e9:.0f} GB/s", flush=True)
+    del x
+    torch.cuda.empty_cache()
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    label = sys.argv[1]
+    groups = sys.argv[2:] or ["layout", "ctx", "splits", "big"]
+    torch.manual_seed(0)
+    if "bw" in groups:
+        read_bw()
+    if "layout" in groups:
+        run(label, "anchor randperm", 32, 4096, 32, 8, 128)
+        run(label, "anchor identity", 32, 4096, 32, 8, 128, identity=True)
+        run(label, "B256 Hq4/Hkv1 randperm", 256, 4096, 4, 1, 128)
+        run(label, "B256 Hq4/Hkv1 identity", 256, 4096, 4, 1, 128, identity=True)
+        run(label, "anchor page64 identity", 32, 4096, 32, 8, 128, identity=True, page_size=64)
+    if "layout2" in groups:
+        run(label, "anchor randperm", 32, 4096, 32, 8, 128)
+        run(label, "B32 ctx16k", 32, 16384, 32, 8, 128)
+        run(label, "B1 ctx64k", 1, 65536, 32, 8, 128)
+        run(label, "B32 ctx4k D=256", 32, 4096, 32, 8, 256)
+    if "prefill" in groups:
+        import random
+
+        rng = random.Random(0)
+        dec = [rng.randint(1024, 8192) for _ in range(60)]
+        run_ragged(
+            label,
+            "mixed 4 prefill + 60 decode",
+            [512, 1024, 1536, 2048] + [1] * 60,
+            [512, 1024, 1536, 2048, *dec],
+        )
+        run_ragged(label, "prefill 1x8k causal", [8192], [8192])
+        run_ragged(label, "prefill 8x2k causal", [2048] * 8, [2048] * 8)
+    if "ctx" in groups:
+        for ctx in (1024, 2048, 8192, 16384):
+            run(label, f"B32 ctx{ctx}", 32, ctx, 32, 8, 128)
+    if "big" in groups:
+        run(label, "B32 ctx64k randperm", 32, 65536, 32, 8, 128, nsets=1)
+        run(label, "B32 ctx64k identity", 32, 65536, 32, 8, 128, identity=True, nsets=1)
+    if "splits" in groups:
+        for n in (1, 2, 3, 4, 6, 8):
+            os.environ["XGO_DECODE_SPLITS"] = str(n)
+            run(label, f"anchor splits={n}", 32, 4096, 32, 8, 128)
+        del os.environ["XGO_DECODE_SPLITS"]
+
+
+if __name__ == "__main__":
+    main()

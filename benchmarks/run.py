@@ -47,11 +47,13 @@ def gpu_available() -> bool:
 
 # ------------------------------------------------------------------------------ environment
 def _git_commit() -> str:
-    """HEAD (+dirty) of the checkout; where there is no .git (the lent GPU machine gets a copy of
-    the working tree), XLA_GPU_OPS_GIT_COMMIT as device_bench.sh passes it on."""
+    """XLA_GPU_OPS_GIT_COMMIT when set (device_bench.sh passes it on: the lent GPU machine's copy
+    of the working tree has no .git, or a stale one), else HEAD (+dirty) of the checkout."""
     given = os.environ.get("XLA_GPU_OPS_GIT_COMMIT")
+    if given:
+        return given
     if not (ROOT / ".git").exists():
-        return given or "unknown (no .git; set XLA_GPU_OPS_GIT_COMMIT)"
+        return "unknown (no .git; set XLA_GPU_OPS_GIT_COMMIT)"
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True)  # fmt: skip
@@ -60,7 +62,7 @@ def _git_commit() -> str:
                                timeout=10).stdout.strip()  # fmt: skip
         return out.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return given or "unknown"
+        return "unknown"
 
 
 def library_info() -> dict | None:

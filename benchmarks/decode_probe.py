@@ -113,6 +113,7 @@ def main():
         run(label, "B32 ctx16k", 32, 16384, 32, 8, 128)
         run(label, "B1 ctx64k", 1, 65536, 32, 8, 128)
         run(label, "B32 ctx4k D=256", 32, 4096, 32, 8, 256)
+        run(label, "B32 ctx4k D=64", 32, 4096, 32, 8, 64)
     if "prefill" in groups:
         import random
 

@@ -441,6 +441,11 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 #ifndef XGO_DECODE_SWIZZLE
 #define XGO_DECODE_SWIZZLE 1
 #endif
+// D=256 keeps padded rows: at 1 block/SM it is latency-bound, not L2-bound, and the swizzle's
+// extra address arithmetic cost more than the duplicated L2 reads (352 -> 339 us padded, d12).
+#ifndef XGO_DECODE_SWIZZLE_D256
+#define XGO_DECODE_SWIZZLE_D256 0
+#endif
 #ifndef XGO_PREFILL_MIN_BLOCKS
 #define XGO_PREFILL_MIN_BLOCKS 1
 #endif
@@ -451,7 +456,8 @@ struct MmaConfig {
   static constexpr int kBlockN = 64;
   // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
   static constexpr int kStages = kRowWarps == 1 ? XGO_DECODE_STAGES : XGO_PREFILL_STAGES;
-  static constexpr int kLds = XGO_DECODE_SWIZZLE ? kD : kD + 8;  // see TileOffset
+  static constexpr int kLds =
+      XGO_DECODE_SWIZZLE && (kD <= 128 || XGO_DECODE_SWIZZLE_D256) ? kD : kD + 8;  // TileOffset
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
   // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts. Prefill

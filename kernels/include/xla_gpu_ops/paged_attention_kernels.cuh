@@ -7,7 +7,7 @@
 //      (f16/bf16, mma.sync m16n8k16) or the FMA kernel (f32, exact f32 arithmetic). A q tile is
 //      up to tokens_per_tile tokens of ONE sequence x heads_per_block q heads of ONE kv head, so
 //      each block reads its K/V once for the whole GQA group; K/V stream through shared memory
-//      in 16-byte cp.async copies, double buffered, with an online softmax.
+//      in 16-byte cp.async copies (2 stages; 3 for decode tiles), with an online softmax.
 //   3. PagedAttentionMergeKernel (only with KV splits): log-sum-exp merge of the split parts.
 // No host sync and no allocation: all scratch space is the caller's workspace.
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
@@ -469,9 +469,10 @@ struct MmaConfig {
   static constexpr int kQSmemRows = kQBorrowsK ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
-  // Decode tiles: registers capped for 3 blocks (12 warps) per SM, which 2 stages allowed (at 3
-  // stages shared memory admits 2 blocks of D=128; the capped build is the one measured). Prefill tiles: the same cap spilled 200
-  // bytes and measured 955 us vs 887 us uncapped (H200, docs/KERNELS.md), so no cap by default.
+  // Decode tiles: registers capped for 3 blocks (12 warps) per SM, which 2 stages allowed. At 3
+  // stages shared memory admits 2 blocks of D=128; uncapping measured the same (d12), so the
+  // measured cap stays. Prefill tiles: the same cap spilled 200 bytes and measured 955 us vs
+  // 887 us uncapped (H200, docs/KERNELS.md), so no cap by default.
   static constexpr int kMinBlocks = kD > 128          ? 1
                                     : kRowWarps == 4   ? XGO_PREFILL_MIN_BLOCKS
                                     : kD <= 64         ? XGO_DECODE_D64_MIN_BLOCKS
@@ -609,7 +610,8 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
         if constexpr (kQInRegisters) {
           a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
         } else {
-          LdMatrixX4(a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8));
+          LdMatrixX4(a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
+                                                      ks * 16 + (lane / 16) * 8));
         }
 #pragma unroll
         for (int np = 0; np < kScoreTiles / 2; ++np) {
@@ -684,8 +686,8 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
 #pragma unroll
         for (int np = 0; np < kOutTiles / 2; ++np) {
           uint32_t b[4];
-          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                                              np * 16 + (lane / 16) * 8));
+          const int v_row = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(v_row, np * 16 + (lane / 16) * 8));
           Mma16816<T>(acc[2 * np], a, b[0], b[1]);
           Mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
         }
@@ -985,7 +987,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int token = static_cast<int>(row / p.num_q_heads);
   const bool in_range = n >= 0 && n <= p.max_num_seqs;  // flags[0] == 0 covers this too
-  const bool owned = ok && in_range && token >= first && token < p.query_start_loc[in_range ? n : 0];
+  const bool owned =
+      ok && in_range && token >= first && token < p.query_start_loc[in_range ? n : 0];
   if (!owned) {  // uniform over the block
     if constexpr (kFill) {
       const float value = ok ? 0.0f : QuietNaN();

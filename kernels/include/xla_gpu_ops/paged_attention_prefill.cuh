@@ -317,8 +317,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
         for (int np = 0; np < kOutTiles / 2; ++np) {
           uint32_t b[4];
-          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                                              np * 16 + (lane / 16) * 8));
+          const int v_row = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(v_row, np * 16 + (lane / 16) * 8));
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
             Mma16816<T>(acc[mi][2 * np], a[mi], b[0], b[1]);
@@ -426,8 +426,9 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
         const int col = (c % kChunksPerRow) * kChunk;
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
+        const uint4 staged = *reinterpret_cast<const uint4*>(s_q + TileOffset<T, kD, kLds>(r, col));
         *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
-                                  col) = *reinterpret_cast<const uint4*>(s_q + TileOffset<T, kD, kLds>(r, col));
+                                  col) = staged;
       }
     } else {
 #pragma unroll

@@ -61,6 +61,24 @@ __device__ __forceinline__ bool RowPartitionIsSound(const PagedAttentionParams& 
   return !__syncthreads_or(bad || !ok);
 }
 
+// Output rows [0, first) and [last, T) (no sequence owns them) get zeros; with !ok (the row
+// partition is broken) every row gets NaN. One block per token, grid-stride, 16-byte stores.
+template <typename T>
+__device__ __forceinline__ void FillUnownedRows(const PagedAttentionParams& p, bool ok, int first,
+                                                int last) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  T fill_elems[kPerVec];
+#pragma unroll
+  for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
+  const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
+  const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
+  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    if (ok && t >= first && t < last) continue;
+    uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
+    for (int64_t i = threadIdx.x; i < vectors_per_row; i += blockDim.x) row[i] = fill;
+  }
+}
+
 // ---------------------------------------------------------------- 1. metadata check and fill
 // Used before the prefill and f32 kernels; the 16-row tensor-core (decode) kernel checks its own
 // sequence instead and a fill/merge kernel runs after it (LaunchAll).
@@ -98,20 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (blockIdx.y != 0) return;
 
-  // Rows that no sequence owns: zeros; NaN everywhere when the row partition itself is broken.
-  const int first = ok ? p.query_start_loc[0] : 0;
-  const int last = ok ? p.query_start_loc[n] : 0;
-  constexpr int kPerVec = 16 / sizeof(T);
-  T fill_elems[kPerVec];
-#pragma unroll
-  for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
-  const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
-  const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
-  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-    if (ok && t >= first && t < last) continue;
-    uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
-    for (int64_t i = tid; i < vectors_per_row; i += blockDim.x) row[i] = fill;
-  }
+  FillUnownedRows<T>(p, ok, ok ? p.query_start_loc[0] : 0, ok ? p.query_start_loc[n] : 0);
 }
 
 // ---------------------------------------------------------------- shared tile bookkeeping
@@ -913,19 +918,8 @@ __global__ void __launch_bounds__(kThreads)
   WaitForPreviousKernel();
   AllowNextKernelToLaunch();
   const bool ok = p.flags[0] != 0;
-  const int first = ok ? p.query_start_loc[0] : 0;
-  const int last = ok ? p.query_start_loc[*p.num_seqs] : 0;
-  constexpr int kPerVec = 16 / sizeof(T);
-  T fill_elems[kPerVec];
-#pragma unroll
-  for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
-  const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
-  const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
-  for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-    if (ok && t >= first && t < last) continue;
-    uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
-    for (int64_t i = threadIdx.x; i < vectors_per_row; i += blockDim.x) row[i] = fill;
-  }
+  FillUnownedRows<T>(p, ok, ok ? p.query_start_loc[0] : 0,
+                     ok ? p.query_start_loc[*p.num_seqs] : 0);
 }
 
 // One block per (token, q head): 4 groups of 32 lanes, each merges every 4th split (4 float

@@ -2,11 +2,12 @@
 
 usage: python3 benchmarks/decode_probe.py LABEL [group ...]
 groups: bw (read bandwidth), layout (page placement and kv-head interleave), layout2 (anchor,
-ctx 16k, B=1 64k, D=256), prefill (mixed batch, 1x8k and 8x2k causal prefill), ctx (context
-sweep: the intercept is the fixed cost per call), big (64k contexts), splits (forced split counts:
-needs a library built with -DXGO_SPLITS_FROM_ENV). XLA_GPU_OPS_LIBRARY picks the library, so
-variants built side by side are compared in one call. Each line: two medians (the noise) and
-the fraction of the K/V bytes at READ_BW (default 4475e9, the H200 read bandwidth).
+ctx 16k, B=1 64k, D=256, D=64), prefill (the benchmark's own mixed, 1x8k and 8x2k prefill
+cases), ctx (context sweep: the intercept is the fixed cost per call), big (64k contexts),
+splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV).
+XLA_GPU_OPS_LIBRARY picks the library, so variants built side by side are compared in one call.
+Each line: two medians (the noise) and the fraction of the K/V bytes at READ_BW (default
+4475e9, the H200 read bandwidth).
 """
 
 import os
@@ -17,6 +18,7 @@ import torch
 
 sys.path.insert(0, "benchmarks")
 import decode_timing as dt
+from cases import OPERANDS, build_inputs, mixed_case, prefill_case
 
 READ_BW = float(os.environ.get("READ_BW", "4475e9"))
 
@@ -43,34 +45,12 @@ def run(label, name, b, ctx, hq, hkv, d, identity=False, page_size=16, nsets=2):
     return us
 
 
-def ragged_inputs(q_lens, kv_lens, hq=32, hkv=8, d=128, page_size=16):
-    """Ragged batch: per sequence q_len new tokens at the end of kv_len keys, random pages."""
-    n = len(q_lens)
-    pages_per_seq = -(-max(kv_lens) // page_size)
-    num_pages = n * pages_per_seq
-    kv_cache = torch.randn(num_pages, page_size, 2 * hkv, d, device="cuda").to(torch.bfloat16)
-    block_tables = torch.randperm(num_pages, device="cuda", dtype=torch.int32).view(
-        n, pages_per_seq
-    )
-    starts = [0]
-    for q in q_lens:
-        starts.append(starts[-1] + q)
-    query = torch.randn(starts[-1], hq, d, device="cuda").to(torch.bfloat16)
-    return (
-        query,
-        kv_cache,
-        torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
-        block_tables,
-        torch.tensor(starts, dtype=torch.int32, device="cuda"),
-        torch.tensor([n], dtype=torch.int32, device="cuda"),
-    )
-
-
-def run_ragged(label, name, q_lens, kv_lens):
-    sets = [ragged_inputs(q_lens, kv_lens) for _ in range(2)]
+def run_case(label, case):
+    """One of the benchmark's own cases (benchmarks/cases.py), two input copies."""
+    sets = [[build_inputs(case, "cuda", seed)[name] for name in OPERANDS] for seed in (1, 2)]
     us = dt.graph_us(sets, repeats=10)
     us2 = dt.graph_us(sets, repeats=10)
-    print(f"{label:8s} {name:34s} {us:8.1f} {us2:8.1f} us", flush=True)
+    print(f"{label:8s} {case.name:40s} {us:8.1f} {us2:8.1f} us", flush=True)
     del sets
     torch.cuda.empty_cache()
 
@@ -115,18 +95,8 @@ def main():
         run(label, "B32 ctx4k D=256", 32, 4096, 32, 8, 256)
         run(label, "B32 ctx4k D=64", 32, 4096, 32, 8, 64)
     if "prefill" in groups:
-        import random
-
-        rng = random.Random(0)
-        dec = [rng.randint(1024, 8192) for _ in range(60)]
-        run_ragged(
-            label,
-            "mixed 4 prefill + 60 decode",
-            [512, 1024, 1536, 2048] + [1] * 60,
-            [512, 1024, 1536, 2048, *dec],
-        )
-        run_ragged(label, "prefill 1x8k causal", [8192], [8192])
-        run_ragged(label, "prefill 8x2k causal", [2048] * 8, [2048] * 8)
+        for case in (mixed_case(), prefill_case(1, 8192), prefill_case(8, 2048)):
+            run_case(label, case)
     if "ctx" in groups:
         for ctx in (1024, 2048, 8192, 16384):
             run(label, f"B32 ctx{ctx}", 32, ctx, 32, 8, 128)

@@ -995,12 +995,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < 2; ++k) {
     if (lane + 32 * k < vecs) s_part[group][lane + 32 * k] = o[k];
   }
-  if (lane == 0) {
+  if (lane == 0) {  // every lane of a group saw the same lse values: lane 0 speaks for it
     s_max[group] = m;
     s_sum[group] = sum;
+    s_nan[group] = has_nan;
   }
-  // Every lane of a group saw the same lse values, so lane 0's flag is the group's.
-  if (lane == 0) s_nan[group] = has_nan;
   __syncthreads();
   float top = -INFINITY;
   bool any_nan = false;

@@ -4,7 +4,9 @@ usage: python3 benchmarks/decode_probe.py LABEL [group ...]
 groups: bw (read bandwidth), layout (page placement and kv-head interleave), layout2 (anchor,
 ctx 16k, B=1 64k, D=256, D=64), prefill (the benchmark's own mixed, 1x8k and 8x2k prefill
 cases), ctx (context sweep: the intercept is the fixed cost per call), big (64k contexts),
-splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV).
+splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV), mixed (the
+benchmark's mixed case, its decodes alone and its prefills alone, then forced short-region split
+counts: XGO_SHORT_SPLITS, a tuning build with -DXGO_SPLITS_FROM_ENV -DXGO_SHORT_SPLIT_KEYS=256).
 XLA_GPU_OPS_LIBRARY picks the library, so variants built side by side are compared in one call.
 Each line: two medians (the noise) and the fraction of the K/V bytes at READ_BW (default
 4475e9, the H200 read bandwidth).
@@ -18,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 from benchmarks import decode_timing as dt
-from benchmarks.cases import OPERANDS, build_inputs, mixed_case, prefill_case
+from benchmarks.cases import OPERANDS, Case, build_inputs, mixed_case, prefill_case
 from benchmarks.run import measure_ceilings
 
 READ_BW = float(os.environ.get("READ_BW", "4475e9"))
@@ -93,6 +95,16 @@ def main():
     if "big" in groups:
         run(label, "B32 ctx64k randperm", 32, 65536, 32, 8, 128, nsets=1)
         run(label, "B32 ctx64k identity", 32, 65536, 32, 8, 128, identity=True, nsets=1)
+    if "mixed" in groups:
+        case = mixed_case()
+        run_case(label, case)
+        for kind, keep in (("decodes", lambda q: q == 1), ("prefills", lambda q: q > 1)):
+            seqs = tuple(s for s in case.seqs if keep(s[0]))
+            run_case(label, Case(f"{case.name} {kind} alone", "mixed", seqs))
+        for n in (1, 2, 3, 4, 6, 8):
+            os.environ["XGO_SHORT_SPLITS"] = str(n)
+            run_case(f"{label} s{n}", case)
+        del os.environ["XGO_SHORT_SPLITS"]
     if "splits" in groups:
         for n in (1, 2, 3, 4, 6, 8):
             os.environ["XGO_DECODE_SPLITS"] = str(n)

@@ -93,6 +93,17 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
   return plan.num_splits;
 }
 
+// Short-region KV splits: the plan's count (sized by the static capacity). Tuning builds
+// (-DXGO_SPLITS_FROM_ENV, with a small XGO_SHORT_SPLIT_KEYS for room) take XGO_SHORT_SPLITS=n.
+int ChooseShortSplits(const PagedAttentionPlan& plan) {
+#ifdef XGO_SPLITS_FROM_ENV
+  if (const char* forced = std::getenv("XGO_SHORT_SPLITS"); forced && plan.short_splits > 0) {
+    return std::max(1, std::min(plan.short_splits, std::atoi(forced)));
+  }
+#endif
+  return plan.short_splits;
+}
+
 // Per (kernel, device): the dynamic shared-memory attribute is set once and the resident-block
 // count is queried once; afterwards a launch costs no extra CUDA runtime calls beyond
 // cudaGetDevice (the eager / XLA path has no graph to amortise them).
@@ -245,16 +256,24 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                                  &info);
     if (status != XGO_OK) return status;
     if (params.num_splits > 1) {
-      return LaunchKernel(PagedAttentionMergeKernel<T, true>, dim3(static_cast<unsigned>(rows)), 0,
-                          info.programmatic_launch, params, stream);
+      return LaunchKernel(PagedAttentionMergeKernel<T, MergeRows::kTokensAndFill>,
+                          dim3(static_cast<unsigned>(rows)), 0, info.programmatic_launch, params,
+                          stream);
     }
     const int64_t fill_blocks = std::min<int64_t>(kMaxPrepBlocks, params.num_tokens);
     return LaunchKernel(PagedAttentionFillKernel<T>, dim3(static_cast<unsigned>(fill_blocks)), 0,
                         info.programmatic_launch, params, stream);
   }
   if (params.num_splits > 1) {
-    PagedAttentionMergeKernel<T, false><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        params);
+    PagedAttentionMergeKernel<T, MergeRows::kTokens>
+        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(params);
+    XGO_CUDA_CHECK(cudaGetLastError());
+  }
+  if (params.short_splits > 1) {
+    const int64_t short_rows =
+        static_cast<int64_t>(params.max_num_seqs) * params.short_tokens * params.num_q_heads;
+    PagedAttentionMergeKernel<T, MergeRows::kShortSequences>
+        <<<static_cast<unsigned>(short_rows), kThreads, 0, stream>>>(params);
     XGO_CUDA_CHECK(cudaGetLastError());
   }
   return XGO_OK;
@@ -353,6 +372,10 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   params.flags = reinterpret_cast<int32_t*>(workspace);
   params.partial_lse = workspace + plan.lse_offset;
   params.partial_out = workspace + plan.out_offset;
+  params.short_lse = workspace + plan.short_lse_offset;
+  params.short_out = workspace + plan.short_out_offset;
+  params.short_tokens = plan.short_tokens;
+  params.short_splits = xgo::ChooseShortSplits(plan);
   params.num_tokens = static_cast<int>(c.num_tokens);
   params.num_q_heads = static_cast<int>(c.num_q_heads);
   params.num_kv_heads = static_cast<int>(c.num_kv_heads);

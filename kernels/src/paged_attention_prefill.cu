@@ -40,7 +40,7 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
                             cudaStream_t stream) {
   using Cfg = PrefillConfig<kD>;
   auto kernel = PagedAttentionPrefillKernel<T, kD>;
-  const size_t smem = Cfg::kSmemBytes;
+  const size_t smem = Cfg::kSmemBytes;  // short blocks fit in it too (ShortConfig)
   XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
@@ -63,9 +63,22 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
       std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
   params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks,
                                           static_cast<int64_t>(num_sms) * blocks_per_sm);
-  const dim3 grid(static_cast<unsigned>(blocks_per_split), 1u,
-                  static_cast<unsigned>(params.num_splits));
-  kernel<<<grid, kThreads, smem, stream>>>(params, num_q_tiles);
+  PrefillGrid grid{num_q_tiles, 0, 0};
+  const int64_t prefill_blocks = blocks_per_split * params.num_splits;
+  const int64_t short_blocks =
+      static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
+  if (prefill_blocks + short_blocks > INT32_MAX) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld blocks is too many",
+                static_cast<long long>(prefill_blocks + short_blocks));
+  }
+  grid.prefill_blocks = static_cast<int>(prefill_blocks);
+  grid.short_blocks = static_cast<int>(short_blocks);
+  // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
+  const dim3 blocks = short_blocks > 0
+                          ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
+                          : dim3(static_cast<unsigned>(blocks_per_split), 1u,
+                                 static_cast<unsigned>(params.num_splits));
+  kernel<<<blocks, kThreads, smem, stream>>>(params, grid);
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }

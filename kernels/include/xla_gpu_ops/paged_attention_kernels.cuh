@@ -120,12 +120,23 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- shared tile bookkeeping
+// The prep kernel's verdict on sequence seq: lengths sound and every used page in range.
+__device__ __forceinline__ bool SequenceChecked(const PagedAttentionParams& p, int seq) {
+  bool ok = true;
+  for (int c = 0; c < p.page_check_chunks; ++c) {
+    ok = ok && p.flags[kFlagsHeader + static_cast<int64_t>(seq) * p.page_check_chunks + c];
+  }
+  return ok;
+}
+
 struct TileWork {
   int seq, q_start, q_len, kv_len;
   int tok0, tok_end;  // this block's tokens [tok0, tok_end) of the sequence, absolute rows
   int head0, kv_head;
   int rows;           // real rows: (tok_end - tok0) * heads_per_block
   bool seq_ok;
+  int split, num_splits;  // this block's KV split
+  bool by_sequence;       // split parts indexed by sequence (short region), not by token
 };
 
 #ifndef XGO_FAST_FIND
@@ -206,18 +217,16 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   w.head0 = blockIdx.y * p.heads_per_block;
   w.kv_head = w.head0 / p.group_size;
   w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
+  w.split = blockIdx.z;
+  w.num_splits = p.num_splits;
+  w.by_sequence = false;
   if constexpr (kSelfCheck) {
     // Pages are checked as they are fetched (KvTileLoader) and outside the read range by
     // PagesOutsideRangeBad.
     const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;
     w.seq_ok = w.kv_len >= 0 && w.kv_len <= capacity && w.q_len <= w.kv_len;
   } else {
-    bool seq_ok = true;
-    for (int c = 0; c < p.page_check_chunks; ++c) {
-      seq_ok =
-          seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
-    }
-    w.seq_ok = seq_ok;
+    w.seq_ok = SequenceChecked(p, found);
   }
   return true;
 }
@@ -240,34 +249,46 @@ __device__ __forceinline__ KeyRange SplitKeyRange(const PagedAttentionParams& p,
   r.key_base = lo / kBlockN * kBlockN;
   r.key_end = last_pos + 1;
   const int num_tiles = (r.key_end - r.key_base + kBlockN - 1) / kBlockN;
-  const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
-  r.tile_begin = min(num_tiles, static_cast<int>(blockIdx.z) * per_split);
+  const int per_split = (num_tiles + w.num_splits - 1) / w.num_splits;
+  r.tile_begin = min(num_tiles, w.split * per_split);
   r.tile_end = min(num_tiles, r.tile_begin + per_split);
   return r;
 }
 
+// Row of (token, head) in the block's split part: [split, T, Hq] by token, or for the short
+// sequences of a prefill-like batch [split, S, short_tokens, Hq] by sequence (its parts then need
+// workspace for S x short_tokens rows per split instead of T).
+__device__ __forceinline__ int64_t PartRow(const PagedAttentionParams& p, const TileWork& w,
+                                           int token, int head) {
+  if (w.by_sequence) {
+    const int64_t slot = (static_cast<int64_t>(w.split) * p.max_num_seqs + w.seq) * p.short_tokens +
+                         (token - w.q_start);
+    return slot * p.num_q_heads + head;
+  }
+  return (static_cast<int64_t>(w.split) * p.num_tokens + token) * p.num_q_heads + head;
+}
+
 // Four consecutive output values of one row: the output itself (one split) or this split's part.
 template <typename T>
-__device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, int token, int head,
-                                          int d, float4 v) {
-  const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-  if (p.num_splits == 1) {
+__device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, const TileWork& w,
+                                          int token, int head, int d, float4 v) {
+  if (w.num_splits == 1) {
+    const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
     T* dst = static_cast<T*>(p.out) + row * p.head_dim + d;
     dst[0] = FromFloat<T>(v.x);
     dst[1] = FromFloat<T>(v.y);
     dst[2] = FromFloat<T>(v.z);
     dst[3] = FromFloat<T>(v.w);
   } else {
-    const int64_t split_row = static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row;
-    *reinterpret_cast<float4*>(p.partial_out + split_row * p.head_dim + d) = v;
+    float* parts = w.by_sequence ? p.short_out : p.partial_out;
+    *reinterpret_cast<float4*>(parts + PartRow(p, w, token, head) * p.head_dim + d) = v;
   }
 }
 
-__device__ __forceinline__ void StoreLse(const PagedAttentionParams& p, int token, int head,
-                                         float lse) {
-  if (p.num_splits == 1) return;
-  const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-  p.partial_lse[static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row] = lse;
+__device__ __forceinline__ void StoreLse(const PagedAttentionParams& p, const TileWork& w,
+                                         int token, int head, float lse) {
+  if (w.num_splits == 1) return;
+  (w.by_sequence ? p.short_lse : p.partial_lse)[PartRow(p, w, token, head)] = lse;
 }
 
 // A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts).
@@ -279,8 +300,8 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w) {
     const int r = i / vecs;
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
-    StoreRow4<T>(p, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
-    if (i % vecs == 0) StoreLse(p, token, head, nan);
+    StoreRow4<T>(p, w, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
+    if (i % vecs == 0) StoreLse(p, w, token, head, nan);
   }
 }
 
@@ -389,7 +410,7 @@ struct KvTileLoader {
 // used page is checked by some split of every row (the merge turns one NaN part into a NaN row).
 __device__ __forceinline__ bool PagesOutsideRangeBad(const PagedAttentionParams& p,
                                                      const TileWork& w, const KeyRange& range) {
-  if (blockIdx.z != 0 || w.kv_len == 0) return false;
+  if (w.split != 0 || w.kv_len == 0) return false;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
   const int used = FastDiv(p.page_size_div, w.kv_len - 1) + 1;
   const int first_read = FastDiv(p.page_size_div, range.key_base);
@@ -455,12 +476,13 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 #define XGO_PREFILL_MIN_BLOCKS 1
 #endif
 
-template <int kD, int kRowWarps>
+template <int kD, int kRowWarps,
+          int kStagesOfTile = kRowWarps == 1 ? XGO_DECODE_STAGES : XGO_PREFILL_STAGES>
 struct MmaConfig {
   static constexpr int kKeyWarps = 4 / kRowWarps;
   static constexpr int kBlockN = 64;
   // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
-  static constexpr int kStages = kRowWarps == 1 ? XGO_DECODE_STAGES : XGO_PREFILL_STAGES;
+  static constexpr int kStages = kStagesOfTile;
   static constexpr int kLds =
       XGO_DECODE_SWIZZLE && (kD <= 128 || XGO_DECODE_SWIZZLE_D256) ? kD : kD + 8;  // TileOffset
   static constexpr int kBlockRows = 16 * kRowWarps;
@@ -487,12 +509,14 @@ struct MmaConfig {
                 "epilogue buffer must fit in the K/V buffers");
 };
 
-template <typename T, int kD, int kRowWarps>
-__global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
-    PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
-  using Cfg = MmaConfig<kD, kRowWarps>;
-  // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
-  constexpr bool kSelfCheck = kRowWarps == 1;
+// One block's attention after FindTile (or FindShortTile), K/V in kStages stages of Cfg's shape.
+// kSelfCheck: no prep kernel ran, so the block checks the pages it reads and those no split reads
+// (PagesOutsideRangeBad). kEvictFirst: K/V are read once (decode tiles), copied with the
+// evict-first L2 policy.
+template <typename T, int kD, int kRowWarps, int kStages, bool kSelfCheck, bool kEvictFirst>
+__device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, const TileWork& w,
+                                             unsigned char* smem_raw) {
+  using Cfg = MmaConfig<kD, kRowWarps, kStages>;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kLds = Cfg::kLds;
@@ -504,8 +528,6 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   constexpr int kKeySteps = kKeysPerWarp / 16;
   constexpr bool kQInRegisters = Cfg::kQInRegisters;  // D=256 would not fit beside the accumulators
 
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kStages = Cfg::kStages;
   constexpr int kStageElems = kBlockN * kLds;
   T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;  // [kStages][kBlockN][kLds]
   T* s_v = s_k + kStages * kStageElems;                              // [kStages][kBlockN][kLds]
@@ -513,16 +535,6 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   T* s_q = kQBorrowsK ? s_k + (kStages - 1) * kStageElems : reinterpret_cast<T*>(smem_raw);
   __shared__ float s_m[4][16], s_l[4][16];
 
-  if constexpr (kSelfCheck) {
-    WaitForPreviousKernel();
-    AllowNextKernelToLaunch();  // the fill/merge kernel may be scheduled; it waits for us
-  }
-  TileWork w;
-  if (!FindTile<kSelfCheck>(p, w)) return;
-  if (!w.seq_ok) {
-    PoisonRows<T>(p, w);
-    return;
-  }
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int wm = warp / kKeyWarps;
@@ -534,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   CpAsyncCommit();
   // Prologue: tiles tile_begin .. tile_begin + kStages - 2, one commit group each.
   // Decode tiles read each K/V byte once: evict-first (-2 us on the decode anchor, H200).
-  KvTileLoader<T, kD, kBlockN, kLds, /*kEvictFirst=*/kSelfCheck> loader;
+  KvTileLoader<T, kD, kBlockN, kLds, kEvictFirst> loader;
   loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -763,9 +775,29 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
-    StoreRow4<T>(p, token, head, d, o);
-    if (d == 0) StoreLse(p, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+    StoreRow4<T>(p, w, token, head, d, o);
+    if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
   }
+}
+
+template <typename T, int kD, int kRowWarps>
+__global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
+    PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
+  // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
+  constexpr bool kSelfCheck = kRowWarps == 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  if constexpr (kSelfCheck) {
+    WaitForPreviousKernel();
+    AllowNextKernelToLaunch();  // the fill/merge kernel may be scheduled; it waits for us
+  }
+  TileWork w;
+  if (!FindTile<kSelfCheck>(p, w)) return;
+  if (!w.seq_ok) {
+    PoisonRows<T>(p, w);
+    return;
+  }
+  MmaTileBlock<T, kD, kRowWarps, MmaConfig<kD, kRowWarps>::kStages, kSelfCheck,
+               /*kEvictFirst=*/kSelfCheck>(p, w, smem_raw);
 }
 
 // ---------------------------------------------------------------- 2b. f32 FMA kernel
@@ -894,13 +926,12 @@ __global__ void __launch_bounds__(kThreads)
   const int head = w.head0 + r % p.heads_per_block;
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
   const int64_t out_row = static_cast<int64_t>(token) * p.num_q_heads + head;
-  if (p.num_splits == 1) {
+  if (w.num_splits == 1) {
     float* dst = static_cast<float*>(p.out) + out_row * kD;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
   } else {
-    const int64_t split_row =
-        static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + out_row;
+    const int64_t split_row = PartRow(p, w, token, head);
     float* dst = p.partial_out + split_row * kD;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
@@ -922,22 +953,36 @@ __global__ void __launch_bounds__(kThreads)
                      ok ? p.query_start_loc[*p.num_seqs] : 0);
 }
 
-// One block per (token, q head): 4 groups of 32 lanes, each merges every 4th split (4 float
-// columns per lane) with its own running maximum, then the groups are combined through shared
-// memory. The split parts are loaded before the row's ownership is known (workspace reads are
-// always in bounds), so the parts, their lse and the metadata arrive in one round trip instead of
-// three dependent ones. kFill (after the decode kernel): this kernel also writes the zero / NaN
-// rows of PagedAttentionFillKernel; otherwise the prep kernel wrote them.
+// One block per part row: 4 groups of 32 lanes, each merges every 4th split (4 float columns per
+// lane) with its own running maximum, then the groups are combined through shared memory. The
+// split parts are loaded before the row's ownership is known (workspace reads are always in
+// bounds), so the parts, their lse and the metadata arrive in one round trip instead of three
+// dependent ones.
+//   kTokens: a row per (token, q head), after the prefill / f32 kernels (the prep kernel wrote
+//     the zero / NaN rows).
+//   kTokensAndFill: the same after the decode kernel; this kernel also writes the zero / NaN rows
+//     of PagedAttentionFillKernel.
+//   kShortSequences: a row per (sequence slot, token of its one 16-row tile, q head) of the short
+//     region (PagedAttentionPlan::short_splits); rows of slots that are not short sequences are
+//     skipped.
 constexpr int kMergeGroups = kThreads / 32;
+enum class MergeRows { kTokens, kTokensAndFill, kShortSequences };
 
-template <typename T, bool kFill>
+template <typename T, MergeRows kRows>
 __global__ void __launch_bounds__(kThreads)
     PagedAttentionMergeKernel(const __grid_constant__ PagedAttentionParams p) {
+  constexpr bool kFill = kRows == MergeRows::kTokensAndFill;
+  constexpr bool kShort = kRows == MergeRows::kShortSequences;
   __shared__ float4 s_part[kMergeGroups][64];  // head_dim <= 256: 64 float4 per row
   __shared__ float s_max[kMergeGroups], s_sum[kMergeGroups];
   __shared__ int s_nan[kMergeGroups];
   const int64_t row = blockIdx.x;
-  const int64_t num_rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int64_t num_rows =
+      kShort ? static_cast<int64_t>(p.max_num_seqs) * p.short_tokens * p.num_q_heads
+             : static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const int num_splits = kShort ? p.short_splits : p.num_splits;
+  const float* partial_lse = kShort ? p.short_lse : p.partial_lse;
+  const float* partial_out = kShort ? p.short_out : p.partial_out;
   const int tid = threadIdx.x;
   if constexpr (kFill) {
     WaitForPreviousKernel();
@@ -945,7 +990,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   const bool ok = p.flags[0] != 0;
   const int n = *p.num_seqs;
-  const int first = p.query_start_loc[0];
+  // kShortSequences: this row's slot; query_start_loc has S + 1 entries, so both loads are in
+  // bounds for any slot.
+  const int seq = kShort ? static_cast<int>(row / (static_cast<int64_t>(p.short_tokens) * p.num_q_heads)) : 0;
+  const int first = p.query_start_loc[seq];
+  const int seq_end = kShort ? p.query_start_loc[seq + 1] : 0;
 
   const int group = tid / 32;
   const int lane = tid % 32;
@@ -955,10 +1004,10 @@ __global__ void __launch_bounds__(kThreads)
   float4 o[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   // Empty splits have lse -inf (weight 0) and zero parts.
 #pragma unroll 4
-  for (int z = group; z < p.num_splits; z += kMergeGroups) {
+  for (int z = group; z < num_splits; z += kMergeGroups) {
     const int64_t split_row = static_cast<int64_t>(z) * num_rows + row;
-    const float lse = p.partial_lse[split_row];
-    const float4* part = reinterpret_cast<const float4*>(p.partial_out + split_row * p.head_dim);
+    const float lse = partial_lse[split_row];
+    const float4* part = reinterpret_cast<const float4*>(partial_out + split_row * p.head_dim);
     float4 x[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -979,10 +1028,19 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  const int token = static_cast<int>(row / p.num_q_heads);
   const bool in_range = n >= 0 && n <= p.max_num_seqs;  // flags[0] == 0 covers this too
-  const bool owned =
-      ok && in_range && token >= first && token < p.query_start_loc[in_range ? n : 0];
+  int64_t out_row = row;
+  bool owned;
+  if constexpr (kShort) {
+    // A sound partition (flags[0]) puts first + t in [0, T) for t < q_len.
+    const int t = static_cast<int>((row / p.num_q_heads) % p.short_tokens);
+    const int q_len = seq_end - first;
+    owned = ok && in_range && seq < n && q_len <= p.short_tokens && t < q_len;
+    out_row = (static_cast<int64_t>(first) + t) * p.num_q_heads + row % p.num_q_heads;
+  } else {
+    const int token = static_cast<int>(row / p.num_q_heads);
+    owned = ok && in_range && token >= first && token < p.query_start_loc[in_range ? n : 0];
+  }
   if (!owned) {  // uniform over the block
     if constexpr (kFill) {
       const float value = ok ? 0.0f : QuietNaN();
@@ -1017,7 +1075,7 @@ __global__ void __launch_bounds__(kThreads)
     total += scale[g] * s_sum[g];
   }
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  T* out = static_cast<T*>(p.out) + row * p.head_dim;
+  T* out = static_cast<T*>(p.out) + out_row * p.head_dim;
   for (int v = tid; v < vecs; v += kThreads) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll

@@ -16,6 +16,8 @@ namespace xgo {
 //                                     entries (C chunks): 1 if that part of its metadata is sound
 //   lse   [splits, T, Hq]             per-split log2-sum-exp (only when splits > 1)
 //   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
+//   short lse [short_splits, S, short_tokens, Hq]     the same, for the short sequences of a
+//   short out [short_splits, S, short_tokens, Hq, D]  prefill-like batch (only when > 1 split)
 constexpr int64_t kFlagsHeader = 32;
 constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
@@ -24,6 +26,16 @@ constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher pick
 constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 constexpr int kMaxSplits = 128;
+// Short sequences of a prefill-like batch (the decodes of a mixed batch): KV splits of about
+// kShortSplitKeys keys of the static capacity each, at most kShortTargetBlocks blocks. On the
+// benchmark's mixed batch (capacity 8k) 1 split measured best: 391 us against 411 / 419 / 436 us
+// with 2 / 4 / 8 (H200): the prefill blocks beside them already fill the GPU, and each split
+// costs a block start-up and the merge. Tuning builds lower the keys to size room for a sweep.
+#ifndef XGO_SHORT_SPLIT_KEYS
+#define XGO_SHORT_SPLIT_KEYS 8192
+#endif
+constexpr int64_t kShortSplitKeys = XGO_SHORT_SPLIT_KEYS;
+constexpr int kShortTargetBlocks = 4096;
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
 
@@ -37,7 +49,12 @@ struct PagedAttentionPlan {
   int64_t num_head_blocks; // grid.y: Hq / heads_per_block
   int num_splits;          // grid.z
   int64_t page_check_chunks;  // prep grid.y: ceil(pages_per_seq / kPrepPages)
-  int64_t lse_offset, out_offset, workspace_elems;
+  // Prefill-like batches with one split (many blocks), head_dim <= 128: sequences of at most
+  // short_tokens query tokens (one 16-row tile) run as decode blocks with short_splits KV splits
+  // each (0: no short region), their parts indexed by sequence.
+  int short_tokens;
+  int short_splits;
+  int64_t lse_offset, out_offset, short_lse_offset, short_out_offset, workspace_elems;
 };
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -82,6 +99,25 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   } else {
     p.out_offset = p.lse_offset;
   }
+  p.short_tokens = 16 / heads;
+  p.short_splits = 0;
+  p.short_lse_offset = p.short_out_offset = elems;
+  if (p.tensor_cores && p.row_warps == 4 && c.head_dim <= 128 && p.num_splits == 1) {
+    const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
+    int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
+    if (short_splits > by_length) short_splits = by_length;
+    const int64_t by_short_keys = (capacity + kShortSplitKeys - 1) / kShortSplitKeys;
+    if (short_splits > by_short_keys) short_splits = by_short_keys;
+    if (short_splits > kMaxSplits) short_splits = kMaxSplits;
+    if (short_splits < 1) short_splits = 1;
+    p.short_splits = static_cast<int>(short_splits);
+    if (short_splits > 1) {
+      const int64_t rows = short_splits * c.max_num_seqs * p.short_tokens * c.num_q_heads;
+      p.short_lse_offset = RoundUp(elems, 4);
+      p.short_out_offset = p.short_lse_offset + RoundUp(rows, 4);
+      elems = p.short_out_offset + rows * c.head_dim;
+    }
+  }
   p.workspace_elems = elems;
   return p;
 }
@@ -124,6 +160,11 @@ struct PagedAttentionParams {
   FastDivisor page_size_div;
   int sliding_window;   // 0: off
   float scale, soft_cap;  // soft_cap 0: off
+  // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
+  // short_tokens; short_splits 0 when there is no short region.
+  float* short_lse;     // [short_splits, S, short_tokens, Hq]
+  float* short_out;     // [short_splits, S, short_tokens, Hq, D]
+  int short_tokens, short_splits;
 };
 
 }  // namespace xgo

@@ -61,13 +61,74 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
-// Tile lookup as FindTile, but the linear block index walks head blocks fastest and the heaviest
-// (last) q tiles of every head first, so the long causal blocks all start in the first wave.
-__device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, int64_t num_q_tiles,
-                                                TileWork& w) {
+// The launch's block counts: prefill tiles (num_q_tiles x head blocks x splits) and short
+// sequence blocks (S x head blocks x short_splits; 0 without a short region).
+struct PrefillGrid {
+  int64_t num_q_tiles;
+  int prefill_blocks;
+  int short_blocks;
+};
+
+// Short-region decode blocks (MmaTileBlock, 64-key tiles) borrow the prefill block's shared
+// memory: 2 K/V stages fit in it (3 stages, which need more shared memory, measured the same on
+// the mixed batch: 391 vs 393 us, H200).
+#ifndef XGO_SHORT_STAGES
+#define XGO_SHORT_STAGES 2
+#endif
+template <int kD>
+using ShortConfig = MmaConfig<kD, 1, XGO_SHORT_STAGES>;
+
+// This block's region and its index in it: short and prefill blocks alternate while both last,
+// so the memory-bound and the tensor-bound kind share the GPU instead of following each other
+// (short blocks first, or prefill first: 1 % slower on the mixed batch, H200).
+__device__ __forceinline__ bool IsShortBlock(const PrefillGrid& g, int& index) {
+  const int linear = static_cast<int>(blockIdx.x);
+  const int pairs = min(g.prefill_blocks, g.short_blocks);
+  if (linear < 2 * pairs) {
+    index = linear / 2;
+    return (linear & 1) == 0;
+  }
+  index = linear - pairs;
+  return g.short_blocks > g.prefill_blocks;
+}
+
+// Short region block `index` -> (sequence slot, head block, split), split fastest. Only sequences
+// of 1..short_tokens query tokens (one 16-row tile); the prefill region skips them.
+__device__ __forceinline__ bool FindShortTile(const PagedAttentionParams& p, int index,
+                                              TileWork& w) {
   if (p.flags[0] == 0) return false;
   const int num_head_blocks = p.num_q_heads / p.heads_per_block;
-  const int64_t linear = blockIdx.x;
+  const int rest = index / p.short_splits;
+  const int seq = rest / num_head_blocks;
+  if (seq >= *p.num_seqs) return false;  // num_seqs is sound (flags[0])
+  const int start = p.query_start_loc[seq];
+  const int end = p.query_start_loc[seq + 1];
+  if (end - start < 1 || end - start > p.short_tokens) return false;
+  w.seq = seq;
+  w.q_start = start;
+  w.q_len = end - start;
+  w.kv_len = p.context_lens[seq];
+  w.tok0 = start;
+  w.tok_end = end;
+  w.head0 = (rest % num_head_blocks) * p.heads_per_block;
+  w.kv_head = w.head0 / p.group_size;
+  w.rows = w.q_len * p.heads_per_block;
+  w.split = index % p.short_splits;
+  w.num_splits = p.short_splits;
+  w.by_sequence = true;
+  w.seq_ok = SequenceChecked(p, seq);
+  return true;
+}
+
+// Tile lookup as FindTile, but the linear block index walks head blocks fastest and the heaviest
+// (last) q tiles of every head first, so the long causal blocks all start in the first wave.
+// index: the block's place in the prefill region of split blockIdx.z (a launch with a short
+// region has one split and a 1-D grid).
+__device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, int64_t num_q_tiles,
+                                                int index, TileWork& w) {
+  if (p.flags[0] == 0) return false;
+  const int num_head_blocks = p.num_q_heads / p.heads_per_block;
+  const int64_t linear = index;
   const int head_block = static_cast<int>(linear % num_head_blocks);
   const int x = static_cast<int>(num_q_tiles - 1 - linear / num_head_blocks);
   const int n = *p.num_seqs;
@@ -87,6 +148,7 @@ __device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, i
   const int end = p.query_start_loc[found + 1];
   const int tok0 = start + (x - (start / bq + found)) * bq;
   if (tok0 >= end) return false;
+  if (p.short_splits > 0 && end - start <= p.short_tokens) return false;  // a short block's
   w.seq = found;
   w.q_start = start;
   w.q_len = end - start;
@@ -96,11 +158,10 @@ __device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, i
   w.head0 = head_block * p.heads_per_block;
   w.kv_head = w.head0 / p.group_size;
   w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
-  bool seq_ok = true;
-  for (int c = 0; c < p.page_check_chunks; ++c) {
-    seq_ok = seq_ok && p.flags[kFlagsHeader + static_cast<int64_t>(found) * p.page_check_chunks + c];
-  }
-  w.seq_ok = seq_ok;
+  w.split = blockIdx.z;
+  w.num_splits = p.num_splits;
+  w.by_sequence = false;
+  w.seq_ok = SequenceChecked(p, found);
   return true;
 }
 
@@ -388,8 +449,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
       o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
       const int token = w.tok0 + r / p.heads_per_block;
       const int head = w.head0 + r % p.heads_per_block;
-      StoreRow4<T>(p, token, head, d, o);
-      if (d == 0) StoreLse(p, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+      StoreRow4<T>(p, w, token, head, d, o);
+      if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
     }
     return;
   } else {
@@ -403,7 +464,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
       for (int h = 0; h < 2; ++h) inv[mi][h] = row_sum[mi][h] > 0.0f ? 1.0f / row_sum[mi][h] : 0.0f;
     }
-    if (p.num_splits == 1) {
+    if (w.num_splits == 1) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -439,9 +500,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
           if (r >= w.rows) continue;
           const int token = w.tok0 + r / p.heads_per_block;
           const int head = w.head0 + r % p.heads_per_block;
-          const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-          const int64_t split_row =
-              static_cast<int64_t>(blockIdx.z) * p.num_tokens * p.num_q_heads + row;
+          const int64_t split_row = PartRow(p, w, token, head);
           float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);
 #pragma unroll
           for (int i = 0; i < kOutTiles; ++i) {
@@ -458,22 +517,34 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
   }
 }
 
+// Prefill tiles, and (with a short region) the short sequences as 16-row decode blocks with their
+// own KV splits: the decode kernel's body (MmaTileBlock) in ShortConfig's 2 stages.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 2)
-    PagedAttentionPrefillKernel(const __grid_constant__ PagedAttentionParams p,
-                                int64_t num_q_tiles) {
+    PagedAttentionPrefillKernel(const __grid_constant__ PagedAttentionParams p, PrefillGrid g) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  static_assert(ShortConfig<kD>::kSmemBytes <= PrefillConfig<kD>::kSmemBytes,
+                "short blocks use the prefill block's shared memory");
   TileWork w;
-  if (!FindPrefillTile(p, num_q_tiles, w)) return;
+  int index = 0;
+  if (!IsShortBlock(g, index)) {
+    if (!FindPrefillTile(p, g.num_q_tiles, index, w)) return;
+    if (!w.seq_ok) {
+      PoisonRows<T>(p, w);
+    } else if (w.rows <= 16) {
+      PrefillBlock<T, kD, 1, PrefillConfig<kD>::kDecodeKeyWarps>(p, w, smem_raw);
+    } else {
+      PrefillBlock<T, kD, 2, 1>(p, w, smem_raw);
+    }
+    return;
+  }
+  if (!FindShortTile(p, index, w)) return;
   if (!w.seq_ok) {
     PoisonRows<T>(p, w);
     return;
   }
-  if (w.rows <= 16) {
-    PrefillBlock<T, kD, 1, PrefillConfig<kD>::kDecodeKeyWarps>(p, w, smem_raw);
-  } else {
-    PrefillBlock<T, kD, 2, 1>(p, w, smem_raw);
-  }
+  MmaTileBlock<T, kD, 1, XGO_SHORT_STAGES, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(p, w,
+                                                                                     smem_raw);
 }
 
 }  // namespace xgo

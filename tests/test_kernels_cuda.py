@@ -192,21 +192,26 @@ def _short_tokens(num_q_heads: int, num_kv_heads: int) -> int:
     return 16 // heads
 
 
-def _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, **kwargs):
+def _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context=17_000,
+                         **kwargs):  # fmt: skip
     """A prefill-like batch with >= 1024 blocks (so the plan gives it one split), whose sequences
     of at most short_tokens query tokens run as decode blocks with their own KV splits next to the
-    prefill tiles (the mixed-batch path): 1100 sequences, 20 of them prefills, 10 decodes of 17000
-    keys (a capacity of 3 KV splits of 8192 keys), and short sequences one token longer than a
-    tile (prefill tiles)."""
+    prefill tiles (the mixed-batch path): >= 1100 / head-blocks sequences, 20 of them prefills, 4
+    decodes of long_context keys (17000: 3 KV splits of 8192 keys; 2000: 1 split, rows written
+    directly), and short sequences one token longer than a tile (prefill tiles)."""
     gen = torch.Generator().manual_seed(seed)
     short = _short_tokens(num_q_heads, num_kv_heads)
+    head_blocks = num_q_heads // (16 // short)
+    num_seqs = max(100, -(-1100 // head_blocks))
 
     def randint(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
-    specs = [(randint(1, short), 17_000) for _ in range(10)]
+    specs = [(randint(1, short), long_context) for _ in range(4)]
     specs += [(q, q + randint(0, 300)) for q in (randint(100, 200) for _ in range(20))]
-    specs += [(q, q + randint(0, 200)) for q in (randint(1, short + 1) for _ in range(1070))]
+    specs += [
+        (q, q + randint(0, 200)) for q in (randint(1, short + 1) for _ in range(num_seqs - 24))
+    ]
     order = torch.randperm(len(specs), generator=gen).tolist()
     specs = tuple(specs[i] for i in order)
     assert sum(q for q, _ in specs) > 2 * (len(specs) + kwargs.get("extra_seqs", 0))  # not decode
@@ -214,28 +219,29 @@ def _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, **kwa
 
 
 @pytest.mark.parametrize(
-    ("dtype", "head_dim", "num_q_heads", "num_kv_heads"),
+    ("dtype", "head_dim", "num_q_heads", "num_kv_heads", "long_context"),
     [
-        (torch.bfloat16, 128, 8, 2),  # 4 tokens per short tile, 2 splits (4096 blocks / 2200)
-        (torch.float16, 64, 8, 2),
-        (torch.bfloat16, 64, 16, 1),  # 1 token per short tile, 3 splits (17000 / 8192 keys)
-        (torch.bfloat16, 64, 8, 1),  # 2 tokens
-        (torch.bfloat16, 64, 8, 8),  # 16 tokens, 1 split: the short blocks write rows directly
+        (torch.bfloat16, 128, 32, 8, 17_000),  # 4 tokens per short tile, 3 splits
+        (torch.float16, 64, 32, 8, 17_000),
+        (torch.bfloat16, 64, 64, 4, 17_000),  # 1 token per short tile
+        (torch.bfloat16, 64, 32, 4, 17_000),  # 2 tokens
+        (torch.bfloat16, 64, 16, 16, 17_000),  # 16 tokens
+        (torch.bfloat16, 64, 32, 8, 2000),  # 1 split: the short blocks write rows directly
     ],
 )
 def test_paged_attention_short_sequences_of_a_large_prefill_batch(
-    dtype, head_dim, num_q_heads, num_kv_heads
+    dtype, head_dim, num_q_heads, num_kv_heads, long_context
 ):
     seed = fresh_seed()
-    inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, pad_tokens=3,
-                                  extra_seqs=5)  # fmt: skip
+    inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context,
+                                  pad_tokens=3, extra_seqs=5)  # fmt: skip
     check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
 
 
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(7, None), (300, 3.0)])
 def test_paged_attention_short_sequences_window_and_soft_cap(sliding_window, soft_cap):
     seed = fresh_seed()
-    inputs = _short_region_inputs(16, 1, 64, torch.bfloat16, seed)
+    inputs = _short_region_inputs(64, 4, 64, torch.bfloat16, seed)
     check_against_reference(inputs, torch.bfloat16, seed, scale=0.3, sliding_window=sliding_window,
                             soft_cap=soft_cap)  # fmt: skip
 
@@ -344,7 +350,7 @@ def test_bad_short_sequence_of_a_large_prefill_batch_gets_nan_rows(corruption):
     """In the short region each KV split of a bad sequence writes NaN parts; the merge must turn
     them into NaN rows of that sequence only."""
     seed = fresh_seed()
-    inputs = _short_region_inputs(16, 1, 64, torch.bfloat16, seed)
+    inputs = _short_region_inputs(64, 4, 64, torch.bfloat16, seed)
     expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64)
     lens = inputs["context_lens"].tolist()
     bad = lens.index(17_000)  # a one-token decode with 3 KV splits (16 heads per block: 1 token)
@@ -362,6 +368,6 @@ def test_bad_short_sequence_of_a_large_prefill_batch_gets_nan_rows(corruption):
 
 
 def test_broken_partition_of_a_large_prefill_batch_poisons_every_row():
-    inputs = _short_region_inputs(8, 2, 64, torch.bfloat16, fresh_seed())
+    inputs = _short_region_inputs(32, 8, 64, torch.bfloat16, fresh_seed())
     inputs["query_start_loc"][7] = inputs["query_start_loc"][5] - 1
     assert run_cuda(inputs, scale=0.2).isnan().all()

@@ -374,6 +374,7 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   params.partial_out = workspace + plan.out_offset;
   params.short_lse = workspace + plan.short_lse_offset;
   params.short_out = workspace + plan.short_out_offset;
+  params.short_order = reinterpret_cast<int32_t*>(workspace + plan.short_order_offset);
   params.short_tokens = plan.short_tokens;
   params.short_splits = xgo::ChooseShortSplits(plan);
   params.num_tokens = static_cast<int>(c.num_tokens);

@@ -13,6 +13,7 @@
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
 #define XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -79,6 +80,13 @@ __device__ __forceinline__ void FillUnownedRows(const PagedAttentionParams& p, b
   }
 }
 
+// Sort key of the short region's slot order: the context length of a sequence of
+// 1..short_tokens query tokens, INT_MIN for every other sequence (they go last).
+__device__ __forceinline__ int ShortSequenceKey(const PagedAttentionParams& p, int seq) {
+  const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
+  return q_len >= 1 && q_len <= p.short_tokens ? p.context_lens[seq] : INT_MIN;
+}
+
 // ---------------------------------------------------------------- 1. metadata check and fill
 // Used before the prefill and f32 kernels; the 16-row tensor-core (decode) kernel checks its own
 // sequence instead and a fill/merge kernel runs after it (LaunchAll).
@@ -89,6 +97,26 @@ __global__ void __launch_bounds__(kThreads)
   const int n = *p.num_seqs;
   const bool ok = RowPartitionIsSound(p);
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
+
+  // Short region: slot order longest short sequence first, so the longest decodes start in the
+  // first wave and the short ones fill the tail (the launcher cannot see the lengths).
+  if (p.short_splits > 0 && blockIdx.y == 0 && ok) {
+    for (int seq = blockIdx.x; seq < p.max_num_seqs; seq += gridDim.x) {
+      if (seq >= n) {  // uniform over the block; slots past num_seqs keep their place
+        if (tid == 0) p.short_order[seq] = seq;
+        continue;
+      }
+      const int key = ShortSequenceKey(p, seq);
+      int rank = 0;  // sequences before seq: longer, or as long with a smaller slot
+      for (int base = 0; base < n; base += blockDim.x) {
+        const int j = base + tid;
+        int other = 0;
+        if (j < n) other = ShortSequenceKey(p, j);
+        rank += __syncthreads_count(j < n && (other > key || (other == key && j < seq)));
+      }
+      if (tid == 0) p.short_order[rank] = seq;
+    }
+  }
 
   // Block (x, y) checks entries [y * kPrepPages, ...) of the used pages of sequences x, x + gridDim.x..
   const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;

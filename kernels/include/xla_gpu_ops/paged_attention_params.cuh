@@ -16,8 +16,10 @@ namespace xgo {
 //                                     entries (C chunks): 1 if that part of its metadata is sound
 //   lse   [splits, T, Hq]             per-split log2-sum-exp (only when splits > 1)
 //   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
-//   short lse [short_splits, S, short_tokens, Hq]     the same, for the short sequences of a
-//   short out [short_splits, S, short_tokens, Hq, D]  prefill-like batch (only when > 1 split)
+//   short order [S] (int32)           sequence slots by rank, longest short sequence first
+//                                     (only with a short region)
+//   short lse [short_splits, S, short_tokens, Hq]     the same as lse / out, for the short
+//   short out [short_splits, S, short_tokens, Hq, D]  sequences (only when > 1 split)
 constexpr int64_t kFlagsHeader = 32;
 constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
@@ -54,7 +56,8 @@ struct PagedAttentionPlan {
   // each (0: no short region), their parts indexed by sequence.
   int short_tokens;
   int short_splits;
-  int64_t lse_offset, out_offset, short_lse_offset, short_out_offset, workspace_elems;
+  int64_t lse_offset, out_offset, short_order_offset, short_lse_offset, short_out_offset;
+  int64_t workspace_elems;
 };
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -101,7 +104,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   }
   p.short_tokens = 16 / heads;
   p.short_splits = 0;
-  p.short_lse_offset = p.short_out_offset = elems;
+  p.short_order_offset = p.short_lse_offset = p.short_out_offset = elems;
   if (p.tensor_cores && p.row_warps == 4 && c.head_dim <= 128 && p.num_splits == 1) {
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
@@ -111,6 +114,8 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
     if (short_splits > kMaxSplits) short_splits = kMaxSplits;
     if (short_splits < 1) short_splits = 1;
     p.short_splits = static_cast<int>(short_splits);
+    p.short_order_offset = elems;
+    elems += RoundUp(c.max_num_seqs, 4);
     if (short_splits > 1) {
       const int64_t rows = short_splits * c.max_num_seqs * p.short_tokens * c.num_q_heads;
       p.short_lse_offset = RoundUp(elems, 4);
@@ -164,6 +169,7 @@ struct PagedAttentionParams {
   // short_tokens; short_splits 0 when there is no short region.
   float* short_lse;     // [short_splits, S, short_tokens, Hq]
   float* short_out;     // [short_splits, S, short_tokens, Hq, D]
+  int* short_order;     // [S]: written by the prep kernel
   int short_tokens, short_splits;
 };
 

@@ -92,15 +92,19 @@ __device__ __forceinline__ bool IsShortBlock(const PrefillGrid& g, int& index) {
   return g.short_blocks > g.prefill_blocks;
 }
 
-// Short region block `index` -> (sequence slot, head block, split), split fastest. Only sequences
-// of 1..short_tokens query tokens (one 16-row tile); the prefill region skips them.
+// Short region block `index` -> (rank, head block, split), split fastest; rank -> sequence by the
+// prep kernel's short_order (longest first). Only sequences of 1..short_tokens query tokens (one
+// 16-row tile); the prefill region skips them.
 __device__ __forceinline__ bool FindShortTile(const PagedAttentionParams& p, int index,
                                               TileWork& w) {
   if (p.flags[0] == 0) return false;
   const int num_head_blocks = p.num_q_heads / p.heads_per_block;
   const int rest = index / p.short_splits;
-  const int seq = rest / num_head_blocks;
-  if (seq >= *p.num_seqs) return false;  // num_seqs is sound (flags[0])
+  const int rank = rest / num_head_blocks;
+  const int n = *p.num_seqs;  // sound (flags[0])
+  if (rank >= n) return false;
+  const int seq = p.short_order[rank];
+  if (seq < 0 || seq >= n) return false;  // a permutation of [0, n) when flags[0] holds
   const int start = p.query_start_loc[seq];
   const int end = p.query_start_loc[seq + 1];
   if (end - start < 1 || end - start > p.short_tokens) return false;

@@ -25,7 +25,7 @@ for step in "${@:-all}"; do
     # fma, split merge, the short region of a large prefill batch and its merge) and the NaN
     # guards. racecheck looks for shared-memory hazards.
     sel="dtypes_head_dims or bad_sequence or bad_num_seqs or empty_sequences or simple_add_matches"
-    sel="$sel or short_sequences_window"
+    sel="$sel or short_sequences_window or bad_short_sequence or (large_prefill_batch and 2000)"
     for tool in memcheck racecheck; do
       timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
         python3 -m pytest tests/test_kernels_cuda.py -q -p no:cacheprovider -p no:benchmark -k "$sel" 2>&1 \

@@ -235,6 +235,10 @@ def test_paged_attention_short_sequences_of_a_large_prefill_batch(
     seed = fresh_seed()
     inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context,
                                   pad_tokens=3, extra_seqs=5)  # fmt: skip
+    # Slots past num_seqs are unused: their query_start_loc entries may hold anything (here short
+    # "sequences" and rows past T), and no block or merge may act on them.
+    num_tokens, live = inputs["query"].shape[0], int(inputs["num_seqs"][0])
+    inputs["query_start_loc"][live + 1 :] = torch.tensor([1, 2, num_tokens + 9, 0, 3])
     check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
 
 

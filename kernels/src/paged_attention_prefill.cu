@@ -40,7 +40,8 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
                             cudaStream_t stream) {
   using Cfg = PrefillConfig<kD>;
   auto kernel = PagedAttentionPrefillKernel<T, kD>;
-  const size_t smem = Cfg::kSmemBytes;  // short blocks fit in it too (ShortConfig)
+  // Short blocks run in the same launch; by default they need no more than a prefill block.
+  const size_t smem = std::max(Cfg::kSmemBytes, ShortConfig<kD>::kSmemBytes);
   XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)));
   // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the

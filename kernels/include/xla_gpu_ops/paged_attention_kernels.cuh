@@ -99,22 +99,32 @@ __global__ void __launch_bounds__(kThreads)
   if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
 
   // Short region: slot order longest short sequence first, so the longest decodes start in the
-  // first wave and the short ones fill the tail (the launcher cannot see the lengths).
+  // first wave and the short ones fill the tail (the launcher cannot see the lengths). A slot's
+  // rank counts the sequences before it (longer, or as long with a smaller slot); each thread
+  // counts its share with independent loads, then one block sum.
   if (p.short_splits > 0 && blockIdx.y == 0 && ok) {
+    __shared__ int s_rank;
     for (int seq = blockIdx.x; seq < p.max_num_seqs; seq += gridDim.x) {
       if (seq >= n) {  // uniform over the block; slots past num_seqs keep their place
         if (tid == 0) p.short_order[seq] = seq;
         continue;
       }
+      if (tid == 0) s_rank = 0;
+      __syncthreads();
       const int key = ShortSequenceKey(p, seq);
-      int rank = 0;  // sequences before seq: longer, or as long with a smaller slot
-      for (int base = 0; base < n; base += blockDim.x) {
-        const int j = base + tid;
-        int other = 0;
-        if (j < n) other = ShortSequenceKey(p, j);
-        rank += __syncthreads_count(j < n && (other > key || (other == key && j < seq)));
+      int before = 0;
+#pragma unroll 4
+      for (int j = tid; j < n; j += blockDim.x) {
+        const int other = ShortSequenceKey(p, j);
+        before += other > key || (other == key && j < seq);
       }
-      if (tid == 0) p.short_order[rank] = seq;
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        before += __shfl_xor_sync(0xffffffffu, before, offset);
+      }
+      if (tid % 32 == 0 && before > 0) atomicAdd(&s_rank, before);
+      __syncthreads();
+      if (tid == 0) p.short_order[s_rank] = seq;
+      __syncthreads();  // s_rank is read before the next slot resets it
     }
   }
 

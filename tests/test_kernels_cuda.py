@@ -261,6 +261,16 @@ def _rows_of(inputs, seq: int) -> slice:
     return slice(int(starts[seq]), int(starts[seq + 1]))
 
 
+def _assert_only_sequence_poisoned(out, expected, inputs, bad: int, dtype, seed: int) -> None:
+    """Sequence `bad` has NaN rows; every other row is finite and matches the reference."""
+    rows = _rows_of(inputs, bad)
+    assert out[rows].isnan().all(), f"seed {seed}"
+    good = torch.ones(out.shape[0], dtype=torch.bool)
+    good[rows] = False
+    assert torch.isfinite(out[good]).all(), f"seed {seed}"
+    assert rel_l2(out[good], expected[good]) < TOLERANCE[dtype], f"seed {seed}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_seqs", [-1, 5, 1 << 30])
 def test_bad_num_seqs_poisons_every_row(dtype, num_seqs):
@@ -309,12 +319,7 @@ def test_bad_sequence_gets_nan_rows_others_stay_right(dtype, corruption):
     else:
         inputs["block_tables"][bad, 0] = -1
     out = run_cuda(inputs, scale=0.2)
-    rows = _rows_of(inputs, bad)
-    assert out[rows].isnan().all(), f"seed {seed}"
-    good = torch.ones(out.shape[0], dtype=torch.bool)
-    good[rows] = False
-    assert torch.isfinite(out[good]).all(), f"seed {seed}"
-    assert rel_l2(out[good], expected[good]) < TOLERANCE[dtype], f"seed {seed}"
+    _assert_only_sequence_poisoned(out, expected, inputs, bad, dtype, seed)
 
 
 def test_static_errors_name_the_argument():
@@ -363,12 +368,7 @@ def test_bad_short_sequence_of_a_large_prefill_batch_gets_nan_rows(corruption):
     else:
         inputs["context_lens"][bad] = 0
     out = run_cuda(inputs, scale=0.2)
-    rows = _rows_of(inputs, bad)
-    assert out[rows].isnan().all(), f"seed {seed}"
-    good = torch.ones(out.shape[0], dtype=torch.bool)
-    good[rows] = False
-    assert torch.isfinite(out[good]).all(), f"seed {seed}"
-    assert rel_l2(out[good], expected[good]) < TOLERANCE[torch.bfloat16], f"seed {seed}"
+    _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
 
 
 def test_broken_partition_of_a_large_prefill_batch_poisons_every_row():

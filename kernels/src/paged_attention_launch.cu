@@ -298,8 +298,9 @@ int32_t CheckKernelLimits(const XgoPagedAttentionConfig& c, const PagedAttention
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: block_tables: %lld pages per sequence is too many",
                 static_cast<long long>(c.pages_per_seq));
   }
-  if (plan.short_splits > 0) {  // one 1-D grid: prefill tiles (128 rows, one split) + short blocks
-    const int64_t prefill_tiles = c.num_tokens / (128 / plan.heads_per_block) + c.max_num_seqs;
+  if (plan.short_splits > 0) {  // one 1-D grid: prefill tiles (one split) + short blocks
+    const int64_t tokens_per_tile = PrefillConfig<128>::kBlockRows / plan.heads_per_block;
+    const int64_t prefill_tiles = c.num_tokens / tokens_per_tile + c.max_num_seqs;
     const int64_t blocks = (prefill_tiles + c.max_num_seqs * plan.short_splits) * plan.num_head_blocks;
     if (blocks > INT32_MAX) {
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld blocks is too many",

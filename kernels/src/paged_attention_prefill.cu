@@ -64,16 +64,13 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
       std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
   params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks,
                                           static_cast<int64_t>(num_sms) * blocks_per_sm);
-  PrefillGrid grid{num_q_tiles, 0, 0};
+  // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
+  // several splits only come with few blocks.
   const int64_t prefill_blocks = blocks_per_split * params.num_splits;
   const int64_t short_blocks =
       static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
-  if (prefill_blocks + short_blocks > INT32_MAX) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld blocks is too many",
-                static_cast<long long>(prefill_blocks + short_blocks));
-  }
-  grid.prefill_blocks = static_cast<int>(prefill_blocks);
-  grid.short_blocks = static_cast<int>(short_blocks);
+  const PrefillGrid grid{num_q_tiles, static_cast<int>(prefill_blocks),
+                         static_cast<int>(short_blocks)};
   // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
   const dim3 blocks = short_blocks > 0
                           ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))

@@ -226,10 +226,9 @@ def measure_ceilings(on_gpu: bool, samples: int) -> dict:
 def _free(on_gpu: bool) -> None:
     gc.collect()
     if on_gpu:
-        import torch
+        from benchmarks.timing import release_cached_memory
 
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        release_cached_memory()
 
 
 # ------------------------------------------------------------------------------ one case
@@ -547,6 +546,9 @@ def meta_of(inputs: dict) -> dict:
     return {k: v for k, v in inputs.items() if k not in ("query", "kv_cache", "a", "b")}
 
 
+FINGERPRINT_CHUNK = 1 << 24  # elements: a 128 MiB int64 temporary
+
+
 def _fingerprint(copies: list[dict]) -> list[int]:
     """Exact integer checksums of every input tensor (one host sync)."""
     import torch
@@ -561,7 +563,12 @@ def _fingerprint(copies: list[dict]) -> list[int]:
             if flat is not None:  # small tensors (metadata): position-weighted, catches swaps
                 sums.append((flat * weights.repeat(-(-flat.numel() // 7))[: flat.numel()]).sum())
             else:
-                sums.append(bits.sum(dtype=torch.int64))
+                # in chunks: sum(dtype=int64) materialises an int64 copy (34 GB for an 8.6 GB
+                # cache), and freeing that slows the next timing (timing.release_cached_memory)
+                total = torch.zeros((), dtype=torch.int64, device=t.device)
+                for chunk in bits.reshape(-1).split(FINGERPRINT_CHUNK):
+                    total += chunk.sum(dtype=torch.int64)
+                sums.append(total)
     return torch.stack(sums).tolist() if sums else []
 
 

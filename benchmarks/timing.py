@@ -4,7 +4,9 @@ torch (GPU): warm up every input copy, then time `reps` calls that cycle over th
 default the `reps` launches are captured in one CUDA graph and the graph's replays are timed
 with CUDA events (that takes the Python/ctypes launch cost out: device time per call); with
 `graph=False` the eager loop itself is timed with events (launch cost included when it exceeds
-the kernel time). One sample = one replay / loop, divided by `reps`.
+the kernel time). One sample = one replay / loop, divided by `reps`. Before the timed part,
+torch's cached memory goes back to the driver and the timer waits until the driver is done with
+it (`release_cached_memory`: freed memory slows full-bandwidth kernels for a while).
 
 JAX: one jitted program makes `chain` calls in a row, each call's output feeding the next call's
 query (so XLA can neither merge nor hoist them) and each call reading the next input copy. A
@@ -48,6 +50,34 @@ class Timing:
         return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+# After torch returns freed memory to the driver, kernels that stream at full bandwidth run slow
+# for a while: the driver works on the freed pages in the background (H200, measured: a B=32 64k
+# decode took 2170 instead of 1918 µs for 20 / 40 / 80 / 180 ms after freeing 8 / 16 / 34 / 68 GiB,
+# ~400 GB/s of freed memory; no slowdown after the allocation itself). torch.cuda.graph() empties
+# the cache when a capture starts, so a timing right after a large free (a checksum's temporary,
+# a peer's layout copy) read 12 % slow until release_cached_memory() waited it out.
+FREED_CLEAR_BYTES_PER_S = 250e9  # below the measured ~400 GB/s: a margin
+FREED_SETTLE_MIN_BYTES = 256 << 20
+
+
+def release_cached_memory() -> float:
+    """Empty torch's CUDA cache, then wait until the driver is done with what it freed.
+
+    Returns the seconds waited (0 when little was freed).
+    """
+    import torch
+
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    released = reserved - torch.cuda.memory_reserved()
+    if released < FREED_SETTLE_MIN_BYTES:
+        return 0.0
+    wait_s = 0.02 + released / FREED_CLEAR_BYTES_PER_S
+    time.sleep(wait_s)
+    return wait_s
+
+
 def _reps_for(per_call_us: float, target_us: float, multiple: int, max_reps: int) -> int:
     reps = max(1, int(target_us / max(per_call_us, 1e-3)))
     reps = max(multiple, (reps // multiple) * multiple)
@@ -83,6 +113,9 @@ def time_torch(
     def run_loop() -> None:
         for i in range(reps):
             calls[i % len(calls)]()
+
+    # a graph capture empties the cache: free (and wait out) whatever is cached before timing
+    release_cached_memory()
 
     method = "torch eager loop, CUDA events"
     replay: Callable[[], None] = run_loop

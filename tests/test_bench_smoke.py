@@ -281,3 +281,29 @@ def test_isolated_run_moves_flex_to_a_fresh_worker(tmp_path):
     flex = decode["impls"]["torch_flex_paged"]
     assert flex["status"] == "ok", flex
     assert flex["torchax_loaded_before"] is False
+
+
+def test_fingerprint_in_chunks_equals_the_whole_sum_and_sees_one_change(monkeypatch):
+    monkeypatch.setattr(run, "FINGERPRINT_CHUNK", 1000)  # many chunks, one partial
+    big = torch.randint(-30000, 30000, ((1 << 20) + 12345,), dtype=torch.int16)
+    small = torch.arange(10, dtype=torch.int32)
+    prints = run._fingerprint([{"kv_cache": big, "lens": small}])
+    assert prints[0] == int(big.sum(dtype=torch.int64))  # sorted keys: kv_cache, lens
+    changed = big.clone()
+    changed[-1] += 1  # in the last, partial chunk
+    assert run._fingerprint([{"kv_cache": changed, "lens": small}])[0] == prints[0] + 1
+
+
+def test_release_cached_memory_waits_in_proportion_to_what_it_freed(monkeypatch):
+    from benchmarks import timing
+
+    reserved = iter([40e9, 6e9, 1e9, 1e9 - (64 << 20)])  # before / after, twice
+    waits = []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: next(reserved))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(timing.time, "sleep", waits.append)
+    expected = 0.02 + 34e9 / timing.FREED_CLEAR_BYTES_PER_S
+    assert timing.release_cached_memory() == pytest.approx(expected)
+    assert timing.release_cached_memory() == 0.0  # 64 MiB: below FREED_SETTLE_MIN_BYTES
+    assert waits == [pytest.approx(expected)]

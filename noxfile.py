@@ -8,6 +8,7 @@ Every install goes through the hash-locked files in locks/ (regenerate them with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -51,10 +52,21 @@ def cuda_archs() -> str:
     return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
 
 
+def extra_cuda_flags() -> str:
+    """XLA_GPU_OPS_CUDA_FLAGS: extra nvcc flags for a diagnostic or tuning build, e.g.
+    -DXGO_PHASE_TIMES=1 (benchmarks/phase_probe.py) or -DXGO_SPLITS_FROM_ENV."""
+    return os.environ.get("XLA_GPU_OPS_CUDA_FLAGS", "").strip()
+
+
 def cmake_build_dir() -> Path:
-    """One build dir per arch list (and per compiler choice: CMake cannot switch inside one)."""
+    """One build dir per arch list (and per compiler choice: CMake cannot switch inside one), and
+    one per set of extra nvcc flags."""
     name = "sm_" + cuda_archs().replace(";", "-")
-    return ROOT / "build" / (name + "-system-nvcc" if "XLA_GPU_OPS_NVCC" in os.environ else name)
+    if "XLA_GPU_OPS_NVCC" in os.environ:
+        name += "-system-nvcc"
+    if extra_cuda_flags():
+        name += "-flags-" + hashlib.sha256(extra_cuda_flags().encode()).hexdigest()[:8]
+    return ROOT / "build" / name
 
 
 _TOOLCHAIN_PROBE = """
@@ -71,6 +83,7 @@ def build(session: nox.Session) -> None:
 
     Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS;
     compiler: XLA_GPU_OPS_NVCC (default: the CUDA 13 nvcc wheel from locks/build.txt).
+    XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build dir and does not install it.
     Extra arguments go to `cmake --build`.
     """
     install_lock(session, "build")
@@ -91,10 +104,14 @@ def build(session: nox.Session) -> None:
         f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
         f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
         "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",  # for clangd in the dev container
+        f"-DCMAKE_CUDA_FLAGS={extra_cuda_flags()}",
         "--log-level=WARNING",
         env=env,
     )  # fmt: skip
     session.run("cmake", "--build", str(build_dir), *session.posargs, env=env)
+    if extra_cuda_flags():  # a variant: the package keeps its library; point at this one instead
+        session.log(f"variant library (XLA_GPU_OPS_LIBRARY): {build_dir / 'libxla_gpu_ops.so'}")
+        return
     session.run("cmake", "--install", str(build_dir), "--prefix", str(ROOT / "xla_gpu_ops"))
 
 

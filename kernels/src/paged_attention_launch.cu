@@ -418,3 +418,19 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: dtype code %d is not f32/f16/bf16",
               c.dtype);
 }
+
+#if XGO_PHASE_TIMES
+// Diagnostic builds: copies the decode kernel's phase table ([8192][8] uint64, see RecordPhase)
+// to `host`, or zeroes it when `reset` is nonzero. Returns 0 on success.
+extern "C" __attribute__((visibility("default"))) int xgo_debug_phase_times(
+    unsigned long long* host, int reset) {
+  if (reset) {
+    void* table = nullptr;
+    if (cudaGetSymbolAddress(&table, xgo::g_phase_times) != cudaSuccess) return 1;
+    return cudaMemset(table, 0, sizeof(xgo::g_phase_times)) == cudaSuccess ? 0 : 1;
+  }
+  return cudaMemcpyFromSymbol(host, xgo::g_phase_times, sizeof(xgo::g_phase_times)) == cudaSuccess
+             ? 0
+             : 1;
+}
+#endif

@@ -46,6 +46,33 @@ __device__ __forceinline__ void AllowNextKernelToLaunch() {
 #endif
 }
 
+// Phase timestamps of the decode kernel (diagnostic builds only: -DXGO_PHASE_TIMES=1, read by
+// xgo_debug_phase_times and benchmarks/phase_probe.py). Thread 0 of each of the first 8192 blocks
+// writes slot k: 0 and 7 %globaltimer (ns, comparable across SMs), 1-6 clock64 (SM cycles).
+// Compiled out otherwise.
+#ifndef XGO_PHASE_TIMES
+#define XGO_PHASE_TIMES 0
+#endif
+constexpr int kPhaseBlocks = 8192;
+constexpr int kPhaseSlots = 8;
+#if XGO_PHASE_TIMES
+static __device__ unsigned long long g_phase_times[kPhaseBlocks][kPhaseSlots];
+#endif
+__device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
+#if XGO_PHASE_TIMES
+  if (threadIdx.x != 0) return;
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (block >= kPhaseBlocks) return;
+  unsigned long long t;
+  if (slot == 0 || slot == kPhaseSlots - 1) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } else {
+    t = clock64();
+  }
+  g_phase_times[block][slot] = t;
+#endif
+}
+
 // num_seqs in [0, max_num_seqs] and query_start_loc[0..num_seqs] in [0, T] and non-decreasing:
 // the row partition every other check relies on. Block-uniform result (all threads call it).
 __device__ __forceinline__ bool RowPartitionIsSound(const PagedAttentionParams& p) {
@@ -644,6 +671,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     CpAsyncCommit();
     CpAsyncWait<kStages - 1>();
     __syncthreads();
+    if (tile == range.tile_begin) RecordPhase(4);  // the first K/V tile has landed
     if constexpr (kQInRegisters && !kQBorrowsK) {
       if (tile == range.tile_begin) {  // Q's group is older than this tile's: it has landed
 #pragma unroll
@@ -750,6 +778,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     }
     __syncthreads();
   }
+  RecordPhase(5);  // every tile computed on
   CpAsyncWait<0>();
   if constexpr (kSelfCheck) {
     if (__syncthreads_or(loader.bad_page || outside_bad)) {  // block-uniform
@@ -816,6 +845,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     StoreRow4<T>(p, w, token, head, d, o);
     if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
   }
+  RecordPhase(6);  // outputs stored (clock64)
+  RecordPhase(7);  // outputs stored (globaltimer)
 }
 
 template <typename T, int kD, int kRowWarps>
@@ -824,12 +855,16 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
   constexpr bool kSelfCheck = kRowWarps == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  RecordPhase(0);  // start (globaltimer)
+  RecordPhase(1);  // start (clock64)
   if constexpr (kSelfCheck) {
     WaitForPreviousKernel();
     AllowNextKernelToLaunch();  // the fill/merge kernel may be scheduled; it waits for us
   }
+  RecordPhase(2);  // the previous kernel is done
   TileWork w;
   if (!FindTile<kSelfCheck>(p, w)) return;
+  RecordPhase(3);  // sequence and lengths known
   if (!w.seq_ok) {
     PoisonRows<T>(p, w);
     return;

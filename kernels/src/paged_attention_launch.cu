@@ -17,6 +17,7 @@
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/config_check.h"
 #include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/launch_info.h"
 #include "xla_gpu_ops/paged_attention_kernels.cuh"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 #include "xla_gpu_ops/paged_attention_prefill.cuh"
@@ -104,13 +105,7 @@ int ChooseShortSplits(const PagedAttentionPlan& plan) {
   return plan.short_splits;
 }
 
-// Per (kernel, device): the dynamic shared-memory attribute is set once and the resident-block
-// count is queried once; afterwards a launch costs no extra CUDA runtime calls beyond
-// cudaGetDevice (the eager / XLA path has no graph to amortise them).
-struct KernelLaunchInfo {
-  int slots;  // SMs x resident blocks per SM
-  bool programmatic_launch;  // sm_90+: programmatic dependent launch
-};
+}  // namespace
 
 int32_t GetKernelLaunchInfo(const void* kernel, size_t smem_bytes, KernelLaunchInfo* info) {
   static std::mutex mutex;
@@ -140,6 +135,8 @@ int32_t GetKernelLaunchInfo(const void* kernel, size_t smem_bytes, KernelLaunchI
   *info = computed;
   return XGO_OK;
 }
+
+namespace {
 
 // Launches kernel<<<grid, kThreads, smem_bytes, stream>>>(params), with programmatic dependent
 // launch when asked for and the device supports it (the kernel must then call

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/launch_info.h"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 #include "xla_gpu_ops/paged_attention_prefill.cuh"
 #include "xla_gpu_ops/status.h"
@@ -42,8 +43,12 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
   auto kernel = PagedAttentionPrefillKernel<T, kD>;
   // Short blocks run in the same launch; by default they need no more than a prefill block.
   const size_t smem = std::max(Cfg::kSmemBytes, ShortConfig<kD>::kSmemBytes);
-  XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)));
+  KernelLaunchInfo info{};  // cached per (kernel, device): no runtime calls per launch
+  if (const int32_t status =
+          GetKernelLaunchInfo(reinterpret_cast<const void*>(kernel), smem, &info);
+      status != XGO_OK) {
+    return status;
+  }
   // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
   // tile shape, so this kernel picks its own grid: 128 rows = tokens_per_tile tokens x heads.
   params.tokens_per_tile = Cfg::kBlockRows / params.heads_per_block;
@@ -55,15 +60,9 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld query tiles is too many",
                 static_cast<long long>(blocks_per_split));
   }
-  int device = 0, num_sms = 0, blocks_per_sm = 0;
-  XGO_CUDA_CHECK(cudaGetDevice(&device));
-  XGO_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  XGO_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem));
   const int64_t real_blocks =
       std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
-  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks,
-                                          static_cast<int64_t>(num_sms) * blocks_per_sm);
+  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, info.slots);
   // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
   // several splits only come with few blocks.
   const int64_t prefill_blocks = blocks_per_split * params.num_splits;

@@ -104,7 +104,8 @@ def build(session: nox.Session) -> None:
         f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
         f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
         "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",  # for clangd in the dev container
-        f"-DCMAKE_CUDA_FLAGS={extra_cuda_flags()}",
+        # only variants set it, so a CUDAFLAGS environment still reaches the default build
+        *([f"-DCMAKE_CUDA_FLAGS={extra_cuda_flags()}"] if extra_cuda_flags() else []),
         "--log-level=WARNING",
         env=env,
     )  # fmt: skip

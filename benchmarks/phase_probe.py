@@ -48,16 +48,19 @@ def phase_table(lib) -> np.ndarray:
 
 
 def summarise(table: np.ndarray, ghz: float) -> str:
-    done = table[table[:, SLOTS - 1] > 0].astype(np.int64)  # blocks that stored outputs
+    # blocks that stored outputs after at least one tile (a block with an empty key range never
+    # stamps slot 4, so its phases would mix zeros with clock values)
+    done = table[(table[:, :SLOTS] > 0).all(axis=1)].astype(np.int64)
     if len(done) == 0:
         return "no block stored outputs (is this a -DXGO_PHASE_TIMES=1 build?)"
+    truncated = " (TRUNCATED: more blocks than the table holds)" if len(done) == BLOCKS else ""
     phases_us = np.diff(done[:, 1:7], axis=1) / ghz / 1e3
     start, end = done[:, 0], done[:, SLOTS - 1]
     med, top = np.median(phases_us, axis=0), np.max(phases_us, axis=0)
     parts = " ".join(f"{n} {m:.2f}/{t:.2f}" for n, m, t in zip(PHASES, med, top, strict=True))
     return (
         f"blocks {len(done):4d}  start spread {(start.max() - start.min()) / 1e3:5.2f} us  "
-        f"span {(end.max() - start.min()) / 1e3:7.2f} us | median/max us: {parts}"
+        f"span {(end.max() - start.min()) / 1e3:7.2f} us | median/max us: {parts}{truncated}"
     )
 
 
@@ -84,7 +87,8 @@ def main() -> None:
             call(i)
         torch.cuda.synchronize()
         for mode, calls in (("after earlier calls", 3), ("after an idle device", 1)):
-            lib.xgo_debug_phase_times(None, 1)
+            if lib.xgo_debug_phase_times(None, 1) != 0:
+                raise RuntimeError("xgo_debug_phase_times could not reset the table")
             torch.cuda.synchronize()
             for i in range(calls):  # the last call's blocks overwrite the earlier ones'
                 call(i)

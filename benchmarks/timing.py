@@ -114,9 +114,6 @@ def time_torch(
         for i in range(reps):
             calls[i % len(calls)]()
 
-    # a graph capture empties the cache: free (and wait out) whatever is cached before timing
-    release_cached_memory()
-
     method = "torch eager loop, CUDA events"
     replay: Callable[[], None] = run_loop
     if graph:
@@ -127,6 +124,9 @@ def time_torch(
             with torch.cuda.stream(side):  # warm-up on the capture stream, as torch advises
                 run_loop()
             stream.wait_stream(side)
+            # torch.cuda.graph() empties the cache as it starts: free it here and wait it out
+            # (after the warm-up, whose temporaries would otherwise be freed unwaited)
+            release_cached_memory()
             with torch.cuda.graph(cuda_graph):
                 run_loop()
             cuda_graph.replay()
@@ -136,6 +136,8 @@ def time_torch(
         except Exception as error:  # capture unsupported by this implementation: time eagerly
             torch.cuda.synchronize()
             method = f"torch eager loop, CUDA events (graph capture failed: {_short(error)})"
+    if replay is run_loop:  # eager timing: the same wait for what earlier work freed
+        release_cached_memory()
     out: list[float] = []
     for _ in range(samples):
         start.record(stream)

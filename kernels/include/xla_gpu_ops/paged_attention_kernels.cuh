@@ -204,11 +204,44 @@ struct TileWork {
   bool by_sequence;       // split parts indexed by sequence (short region), not by token
 };
 
+// What every tile lookup fills alike: sequence seq with query rows [start, end), this block's
+// tokens [tok0, tok_end) and heads from head0. The caller sets the split fields and seq_ok.
+__device__ __forceinline__ void SetSequenceTile(const PagedAttentionParams& p, int seq, int start,
+                                                int end, int tok0, int tok_end, int head0,
+                                                TileWork& w) {
+  w.seq = seq;
+  w.q_start = start;
+  w.q_len = end - start;
+  w.kv_len = p.context_lens[seq];
+  w.tok0 = tok0;
+  w.tok_end = tok_end;
+  w.head0 = head0;
+  w.kv_head = head0 / p.group_size;
+  w.rows = (tok_end - tok0) * p.heads_per_block;
+}
+
 #ifndef XGO_FAST_FIND
 #define XGO_FAST_FIND 1
 #endif
 
-// The largest i in [0, n) with query_start_loc[i] / bq + i <= x (-1 if none), by a 32-way search:
+// The largest i in [0, n) with query_start_loc[i] / bq + i <= x (-1 if none), by binary search:
+// log2(S) dependent loads.
+__device__ __forceinline__ int BisectSequenceOfTile(const PagedAttentionParams& p, int x, int n,
+                                                    int bq) {
+  int lo = 0, hi = n - 1, found = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (p.query_start_loc[mid] / bq + mid <= x) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}
+
+// The same answer by a 32-way search:
 // each lane tests one candidate per round, so S <= 32 costs one round of loads and S <= 1024
 // two, instead of log2(S) dependent loads (a block's start-up latency in decode). Every warp
 // computes the same answer; with a broken (non-monotone) partition the answer is still in range.
@@ -253,35 +286,16 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   // Last q tiles first: in a causal prefill they see the most keys, so the long blocks start early.
   const int x = gridDim.x - 1 - blockIdx.x;
   const int bq = p.tokens_per_tile;
-  int lo = 0, hi = n - 1, found = -1;
-  if (kSelfCheck && XGO_FAST_FIND) {
-    found = FindSequenceOfTile(p, x, n, bq);
-    hi = -1;
-  }
-  while (lo <= hi) {
-    const int mid = (lo + hi) >> 1;
-    if (p.query_start_loc[mid] / bq + mid <= x) {
-      found = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int found = kSelfCheck && XGO_FAST_FIND ? FindSequenceOfTile(p, x, n, bq)
+                                                : BisectSequenceOfTile(p, x, n, bq);
   if (found < 0) return false;
   const int start = p.query_start_loc[found];
   const int end = p.query_start_loc[found + 1];
   if (kSelfCheck && !(start >= 0 && start <= end && end <= p.num_tokens)) return false;
   const int tok0 = start + (x - (start / bq + found)) * bq;
   if (tok0 >= end) return false;
-  w.seq = found;
-  w.q_start = start;
-  w.q_len = end - start;
-  w.kv_len = p.context_lens[found];
-  w.tok0 = tok0;
-  w.tok_end = min(tok0 + bq, end);
-  w.head0 = blockIdx.y * p.heads_per_block;
-  w.kv_head = w.head0 / p.group_size;
-  w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
+  SetSequenceTile(p, found, start, end, tok0, min(tok0 + bq, end), blockIdx.y * p.heads_per_block,
+                  w);
   w.split = blockIdx.z;
   w.num_splits = p.num_splits;
   w.by_sequence = false;

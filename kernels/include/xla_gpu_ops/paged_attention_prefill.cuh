@@ -108,15 +108,7 @@ __device__ __forceinline__ bool FindShortTile(const PagedAttentionParams& p, int
   const int start = p.query_start_loc[seq];
   const int end = p.query_start_loc[seq + 1];
   if (end - start < 1 || end - start > p.short_tokens) return false;
-  w.seq = seq;
-  w.q_start = start;
-  w.q_len = end - start;
-  w.kv_len = p.context_lens[seq];
-  w.tok0 = start;
-  w.tok_end = end;
-  w.head0 = (rest % num_head_blocks) * p.heads_per_block;
-  w.kv_head = w.head0 / p.group_size;
-  w.rows = w.q_len * p.heads_per_block;
+  SetSequenceTile(p, seq, start, end, start, end, (rest % num_head_blocks) * p.heads_per_block, w);
   w.split = index % p.short_splits;
   w.num_splits = p.short_splits;
   w.by_sequence = true;
@@ -137,31 +129,15 @@ __device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, i
   const int x = static_cast<int>(num_q_tiles - 1 - linear / num_head_blocks);
   const int n = *p.num_seqs;
   const int bq = p.tokens_per_tile;
-  int lo = 0, hi = n - 1, found = -1;
-  while (lo <= hi) {
-    const int mid = (lo + hi) >> 1;
-    if (p.query_start_loc[mid] / bq + mid <= x) {
-      found = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int found = BisectSequenceOfTile(p, x, n, bq);
   if (found < 0) return false;
   const int start = p.query_start_loc[found];
   const int end = p.query_start_loc[found + 1];
   const int tok0 = start + (x - (start / bq + found)) * bq;
   if (tok0 >= end) return false;
   if (p.short_splits > 0 && end - start <= p.short_tokens) return false;  // a short block's
-  w.seq = found;
-  w.q_start = start;
-  w.q_len = end - start;
-  w.kv_len = p.context_lens[found];
-  w.tok0 = tok0;
-  w.tok_end = min(tok0 + bq, end);
-  w.head0 = head_block * p.heads_per_block;
-  w.kv_head = w.head0 / p.group_size;
-  w.rows = (w.tok_end - w.tok0) * p.heads_per_block;
+  SetSequenceTile(p, found, start, end, tok0, min(tok0 + bq, end), head_block * p.heads_per_block,
+                  w);
   w.split = blockIdx.z;
   w.num_splits = p.num_splits;
   w.by_sequence = false;

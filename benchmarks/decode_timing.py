@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from xla_gpu_ops import _library, torch_cuda
+import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from xla_gpu_ops import _library
 
 CASES = {
     # name: (batch, context, num_q_heads, num_kv_heads, head_dim)
@@ -47,7 +48,7 @@ def decode_inputs(batch, context, num_q_heads, num_kv_heads, head_dim, page_size
 
 
 def attention(query, *rest):
-    return torch_cuda.paged_attention_cuda(query, *rest, query.shape[-1] ** -0.5)
+    return torch.ops.xla_gpu.paged_attention(query, *rest, query.shape[-1] ** -0.5)
 
 
 def graph_us(sets, calls: int = 10, repeats: int = 30) -> float:

@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-from xla_gpu_ops import _library, torch_cuda
+import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from xla_gpu_ops import _library
 
 
 def median_us(fn, input_sets, repeats: int = 20, batch: int = 10, warmup: int = 5) -> float:
@@ -61,7 +62,7 @@ def decode_inputs(batch, context, num_q_heads, num_kv_heads, head_dim, page_size
 
 
 def attention(query, kv_cache, context_lens, block_tables, starts, num_seqs):
-    return torch_cuda.paged_attention_cuda(
+    return torch.ops.xla_gpu.paged_attention(
         query, kv_cache, context_lens, block_tables, starts, num_seqs, query.shape[-1] ** -0.5
     )
 

@@ -105,18 +105,20 @@ def _canon(tensor):
 def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool = True) -> Runner:
     if not env.on_gpu:
         raise NotApplicable("needs a CUDA GPU (C launcher)")
-    from xla_gpu_ops import torch_cuda
+    import torch
+
+    import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
 
     if case.kind == "simple_add":
 
         def make(c):
-            return lambda: torch_cuda.simple_add_cuda(c["a"], c["b"])
+            return lambda: torch.ops.xla_gpu.simple_add(c["a"], c["b"])
     else:
         scale = scale_of(case)
 
         def make(c):
             args = [c[name] for name in OPERANDS]
-            return lambda: torch_cuda.paged_attention_cuda(*args, scale)
+            return lambda: torch.ops.xla_gpu.paged_attention(*args, scale)
 
     calls = [make(c) for c in copies]
     return Runner("torch", lambda: _canon(calls[0]()), calls=calls, graph=graph)

@@ -87,7 +87,7 @@ def library_info() -> dict | None:
         "sha256": hashlib.sha256(data).hexdigest(),
     }
     try:
-        info["abi_version"] = int(_library.load().xla_gpu_ops_abi_version())
+        info["abi_version"] = int(_library.load().cdll.xla_gpu_ops_abi_version())
     except Exception as error:  # a CPU-only box still loads it; say why if not
         info["abi_version"] = f"not loadable: {error}"
     try:

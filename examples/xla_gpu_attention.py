@@ -44,7 +44,7 @@ if importlib.util.find_spec("xla_gpu_ops") is None:  # run from a checkout witho
 
 import xla_gpu_ops
 from xla_gpu_ops import _library
-from xla_gpu_ops._registry import PAGED_ATTENTION
+from xla_gpu_ops.ops import PAGED_ATTENTION
 
 MODES = ("cpu", "cuda", "torch_xla", "torchax")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -110,3 +110,21 @@ def make_paged_inputs(
         "query_start_loc": torch.tensor(starts, dtype=torch.int32),
         "num_seqs": torch.tensor([num_live], dtype=torch.int32),
     }
+
+
+def library_call(op, operands, attrs):
+    """(XgoCall, result specs) of one call, from arrays or tensors (anything with .shape/.dtype):
+    what a front end hands the library (xla_gpu_ops._library)."""
+    import numpy as np
+
+    from xla_gpu_ops import _library
+
+    def name(x):
+        return (
+            str(x.dtype).removeprefix("torch.") if hasattr(x, "dtype") else np.asarray(x).dtype.name
+        )
+
+    call = _library.make_call(
+        op, [tuple(x.shape) for x in operands], [name(x) for x in operands], op.encode_attrs(attrs)
+    )
+    return call, _library.describe(op, call)

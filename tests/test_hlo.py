@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from paged_inputs import library_call
 
-from xla_gpu_ops import _library, _validation, hlo
-from xla_gpu_ops._registry import OPS, PAGED_ATTENTION, SIMPLE_ADD, OpSpec
+from xla_gpu_ops import hlo
+from xla_gpu_ops.ops import OPS, PAGED_ATTENTION, Op
 
 pytestmark = pytest.mark.hlo
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,29 +40,23 @@ needs_torch_xla = pytest.mark.skipif(
 )
 
 
-def expected_call(op: OpSpec, zeros: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(operand shapes, result shapes) of the op's custom call on `hlo.sample_inputs`."""
-    inputs = hlo.sample_inputs(op, zeros=zeros)
-    names = {np.dtype(np.float32): "f32", np.dtype(np.int32): "s32"}
-    operands = tuple(f"{names[a.dtype]}[{','.join(map(str, a.shape))}]" for a in inputs.values())
-    if op == SIMPLE_ADD:
-        return operands, operands[:1]
-    dims = _validation.check_paged_attention_static(
-        {n: a.shape for n, a in inputs.items()}, {n: str(a.dtype) for n, a in inputs.items()},
-        0.125, None, None,
-    )  # fmt: skip
-    config = _library.PagedAttentionConfig(
-        magic=_library.PAGED_ATTENTION_MAGIC, version=_library.CONFIG_VERSION, dtype=0,
-        num_tokens=dims.num_tokens, num_q_heads=dims.num_q_heads, num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim, num_pages=dims.num_pages, page_size=dims.page_size,
-        max_num_seqs=dims.max_num_seqs, pages_per_seq=dims.pages_per_seq, scale=0.125,
-    )  # fmt: skip
-    return operands, (operands[0], f"f32[{_library.paged_attention_workspace_elems(config)}]")
+def expected_call(op: Op, zeros: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(operand shapes, result shapes) of the op's custom call on `hlo.sample_inputs`: the
+    operands as given, the results as the library describes them (scratch space included)."""
+    inputs = list(hlo.sample_inputs(op, zeros=zeros).values())
+    names = {"float32": "f32", "int32": "s32"}
+
+    def text(dtype, shape):
+        return f"{names[str(dtype)]}[{','.join(map(str, shape))}]"
+
+    results = library_call(op, inputs, op.sample_attrs)[1]
+    return (
+        tuple(text(a.dtype, a.shape) for a in inputs),
+        tuple(text(r.dtype, r.shape) for r in results),
+    )
 
 
-def assert_has_call(
-    calls: list[hlo.CustomCall], op: OpSpec, where: str, zeros: bool = False
-) -> None:
+def assert_has_call(calls: list[hlo.CustomCall], op: Op, where: str, zeros: bool = False) -> None:
     ours = [c for c in calls if c.target == op.ffi_target]
     assert len(ours) == 1, f"{where}: expected one {op.ffi_target} custom call, found {calls}"
     operands, results = expected_call(op, zeros)
@@ -163,7 +157,7 @@ def torch_xla_custom_call(monkeypatch):
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, "custom_call")
 
 
-def _torch_args(op: OpSpec):
+def _torch_args(op: Op):
     import torch
     import torch_xla
 

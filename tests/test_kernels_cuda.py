@@ -1,4 +1,5 @@
-"""CUDA kernels through xla_gpu_ops.torch_cuda against the float64 CPU reference.
+"""CUDA kernels through torch.ops.xla_gpu.* (eager, xla_gpu_ops.torch_cuda) against the float64
+CPU reference.
 
 Every check draws fresh random inputs (the seed is in the failure message), never zeros; f32 must
 reach 1e-5 relative L2 (exact f32 arithmetic, no TF32), f16/bf16 1e-2 (16-bit P and V operands of
@@ -30,10 +31,8 @@ def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def run_cuda(inputs: dict[str, torch.Tensor], **attrs) -> torch.Tensor:
-    from xla_gpu_ops import torch_cuda
-
     on_gpu = {name: t.cuda() for name, t in inputs.items()}
-    out = torch_cuda.paged_attention_cuda(**on_gpu, **attrs)
+    out = torch.ops.xla_gpu.paged_attention(**on_gpu, **attrs)
     torch.cuda.synchronize()
     return out.cpu()
 
@@ -55,35 +54,32 @@ def check_against_reference(inputs, dtype, seed, **attrs) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 4095, 1_000_003])
 def test_simple_add_matches_torch(dtype, size):
-    from xla_gpu_ops import torch_cuda
 
     a = torch.randn(size, device="cuda").to(dtype)
     b = torch.randn(size, device="cuda").to(dtype)
-    out = torch_cuda.simple_add_cuda(a, b)
+    out = torch.ops.xla_gpu.simple_add(a, b)
     torch.testing.assert_close(out, a + b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_simple_add_unaligned_and_strided(dtype):
-    from xla_gpu_ops import torch_cuda
 
     base = torch.randn(2, 1001, device="cuda").to(dtype)
     a, b = base[0, 1:], base[1, :-1]  # a is not 16-byte aligned
-    torch.testing.assert_close(torch_cuda.simple_add_cuda(a, b), a + b, rtol=0, atol=0)
+    torch.testing.assert_close(torch.ops.xla_gpu.simple_add(a, b), a + b, rtol=0, atol=0)
     m = torch.randn(64, 48, device="cuda").to(dtype)
     torch.testing.assert_close(
-        torch_cuda.simple_add_cuda(m.t(), m.t()), m.t() + m.t(), rtol=0, atol=0
+        torch.ops.xla_gpu.simple_add(m.t(), m.t()), m.t() + m.t(), rtol=0, atol=0
     )
 
 
 def test_simple_add_rejects_cpu_and_mixed_dtypes():
-    from xla_gpu_ops import torch_cuda
 
     a = torch.randn(8, device="cuda")
-    with pytest.raises(ValueError, match="b: must be a CUDA tensor"):
-        torch_cuda.simple_add_cuda(a, torch.randn(8))
+    with pytest.raises(ValueError, match="b: on cpu"):
+        torch.ops.xla_gpu.simple_add(a, torch.randn(8))
     with pytest.raises(TypeError, match="b: dtype"):
-        torch_cuda.simple_add_cuda(a, a.half())
+        torch.ops.xla_gpu.simple_add(a, a.half())
 
 
 # ---------------------------------------------------------------------------- paged_attention
@@ -323,23 +319,22 @@ def test_bad_sequence_gets_nan_rows_others_stay_right(dtype, corruption):
 
 
 def test_static_errors_name_the_argument():
-    from xla_gpu_ops import torch_cuda
 
     inputs = {n: t.cuda() for n, t in _bad_inputs(fresh_seed()).items()}
-    with pytest.raises(ValueError, match="kv_cache: must be a CUDA tensor"):
-        torch_cuda.paged_attention_cuda(
+    with pytest.raises(ValueError, match="kv_cache: on cpu"):
+        torch.ops.xla_gpu.paged_attention(
             **{**inputs, "kv_cache": inputs["kv_cache"].cpu()}, scale=1.0
         )
     with pytest.raises(TypeError, match="kv_cache: dtype"):
-        torch_cuda.paged_attention_cuda(
+        torch.ops.xla_gpu.paged_attention(
             **{**inputs, "kv_cache": inputs["kv_cache"].half()}, scale=1.0
         )
     q = inputs["query"][..., :32].contiguous()
     kv = inputs["kv_cache"][..., :32].contiguous()
     with pytest.raises(ValueError, match="head_dim"):
-        torch_cuda.paged_attention_cuda(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)
+        torch.ops.xla_gpu.paged_attention(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)
     with pytest.raises(ValueError, match="soft_cap"):
-        torch_cuda.paged_attention_cuda(**inputs, scale=1.0, soft_cap=-1.0)
+        torch.ops.xla_gpu.paged_attention(**inputs, scale=1.0, soft_cap=-1.0)
 
 
 def test_bad_page_past_the_first_check_chunk_poisons_the_sequence():

@@ -23,10 +23,11 @@ from paged_inputs import (
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402  (ships with jaxlib)
+from paged_inputs import library_call  # noqa: E402
 
-from xla_gpu_ops import _library, reference  # noqa: E402
 from xla_gpu_ops import jax as xgo_jax  # noqa: E402
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD  # noqa: E402
+from xla_gpu_ops import reference  # noqa: E402
+from xla_gpu_ops.ops import PAGED_ATTENTION, SIMPLE_ADD  # noqa: E402
 
 pytestmark = [pytest.mark.kernels, pytest.mark.jax]
 
@@ -126,10 +127,18 @@ def run_case(
     )
 
 
-def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0, workspace_elems=1):
-    """The host FFI target called directly (no Python validation), on XLA:CPU."""
+def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
+    """The host FFI target called directly (no Python validation), on XLA:CPU. The workspace
+    result has the library's size where the static inputs are valid; where they are not, the
+    handler rejects them before it looks at the results."""
     xgo_jax.register()
     arrays = [jax.device_put(a, CPU) for a in arrays]
+    try:
+        attrs = {"scale": scale, "sliding_window": sliding_window or None,
+                 "soft_cap": soft_cap or None}  # fmt: skip
+        (workspace_elems,) = library_call(PAGED_ATTENTION, arrays, attrs)[1][1].shape
+    except (TypeError, ValueError):
+        workspace_elems = 1
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,
         (
@@ -486,18 +495,12 @@ def test_gpu_simple_add_both_abis(dtype):
     expected = (a.astype(np.float32) + b.astype(np.float32)).astype(dtype)
     a_gpu, b_gpu = jax.device_put(a, GPUS[0]), jax.device_put(b, GPUS[0])
     np.testing.assert_array_equal(np.asarray(xgo_jax.simple_add(a_gpu, b_gpu)), expected)
-    config = _library.SimpleAddConfig(
-        magic=_library.SIMPLE_ADD_MAGIC,
-        version=_library.CONFIG_VERSION,
-        dtype=_library.DTYPE_CODES[np.dtype(dtype).name],
-        reserved=0,
-        num_elements=a.size,
-    )
+    call, _ = library_call(SIMPLE_ADD, [a, b], {})
     legacy = jax.ffi.ffi_call(
         SIMPLE_ADD.legacy_target,
         jax.ShapeDtypeStruct(a.shape, a.dtype),
         custom_call_api_version=2,
-        legacy_backend_config=bytes(config),
+        legacy_backend_config=bytes(call),
     )
     np.testing.assert_array_equal(np.asarray(legacy(a_gpu, b_gpu)), expected)
 
@@ -519,14 +522,12 @@ def test_gpu_hlo_contains_both_custom_calls():
 
 def _legacy_paged_attention(arrays, opaque: bytes):
     xgo_jax.register()  # the raw ffi_call below does not register on its own
-    config = xgo_jax.paged_attention_config(
-        dict(zip(OPERANDS, arrays, strict=True)), 0.125, None, None
-    )
+    _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.125})
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.legacy_target,
         (
             jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
-            jax.ShapeDtypeStruct((_library.paged_attention_workspace_elems(config),), np.float32),
+            jax.ShapeDtypeStruct(workspace.shape, np.float32),
         ),
         custom_call_api_version=2,
         legacy_backend_config=opaque,
@@ -539,18 +540,16 @@ def _legacy_paged_attention(arrays, opaque: bytes):
 def test_gpu_legacy_bad_opaque_raises_with_message():
     inputs = small_inputs(torch.bfloat16)
     arrays = jax_inputs(inputs, GPUS[0])
-    config = xgo_jax.paged_attention_config(
-        dict(zip(OPERANDS, arrays, strict=True)), 0.125, None, None
-    )
+    call, _ = library_call(PAGED_ATTENTION, arrays, {"scale": 0.125})
     with pytest.raises(HANDLER_ERRORS, match=r"paged_attention: opaque: expected \d+ bytes"):
         _legacy_paged_attention(arrays, b"\x00not a config")
-    bad_magic = bytearray(bytes(config))
+    bad_magic = bytearray(bytes(call))
     bad_magic[0] ^= 0xFF
-    with pytest.raises(HANDLER_ERRORS, match="paged_attention: config: bad magic"):
+    with pytest.raises(HANDLER_ERRORS, match="paged_attention: call: not an XgoCall"):
         _legacy_paged_attention(arrays, bytes(bad_magic))
-    config.soft_cap = -1.0
+    call.attrs[2].f64 = -1.0  # soft_cap
     with pytest.raises(HANDLER_ERRORS, match="paged_attention: soft_cap:"):
-        _legacy_paged_attention(arrays, bytes(config))
+        _legacy_paged_attention(arrays, bytes(call))
     # the process and the GPU stay usable
     out = xgo_jax.paged_attention(*arrays, scale=0.125, abi="legacy")
     check_against_reference(inputs, out, seed=-1, scale=0.125)
@@ -567,10 +566,8 @@ def test_gpu_ffi_handler_rejects_bad_static_input(workspace_elems, soft_cap, arg
     """The CUDA FFI handler itself (no Python checks) rejects what it can see statically."""
     arrays = [jax.device_put(a, GPUS[0]) for a in _bad()]
     if workspace_elems is None:
-        config = xgo_jax.paged_attention_config(
-            dict(zip(OPERANDS, arrays, strict=True)), 0.1, None, None
-        )
-        workspace_elems = _library.paged_attention_workspace_elems(config)
+        _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
+        (workspace_elems,) = workspace.shape
     xgo_jax.register()
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,

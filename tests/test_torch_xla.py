@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import codecs
+import ctypes
 import re
 
 import numpy as np
@@ -14,11 +15,15 @@ pytest.importorskip("torch_xla", reason="needs torch_xla (XLA device)")
 
 import torch_xla  # noqa: E402
 import torch_xla.core.xla_model as xm  # noqa: E402
-from paged_inputs import fresh_seed, make_paged_inputs  # noqa: E402
+from paged_inputs import (  # noqa: E402
+    fresh_seed,
+    library_call,
+    make_paged_inputs,
+)
 
-from xla_gpu_ops import _library, _validation, reference  # noqa: E402
+from xla_gpu_ops import _library, reference  # noqa: E402
 from xla_gpu_ops import torch_xla as xgo_torch_xla  # noqa: E402
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD  # noqa: E402
+from xla_gpu_ops.ops import PAGED_ATTENTION, SIMPLE_ADD  # noqa: E402
 
 pytestmark = pytest.mark.torch_xla
 ORDER = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
@@ -122,12 +127,10 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     expected = [f"{'f32' if t.dtype == torch.float32 else 's32'}[{','.join(map(str, t.shape))}]"
                 for t in (inputs[name] for name in ORDER)]  # fmt: skip
     assert shapes == expected, "operands must be in the launcher's order"
-    dims = _validation.check_paged_attention_static(
-        {n: tuple(t.shape) for n, t in inputs.items()},
-        {n: str(t.dtype).removeprefix("torch.") for n, t in inputs.items()}, 0.1, 7, 5.0,
-    )  # fmt: skip
-    config = _library.paged_attention_config(dims, "float32", 0.1, 7, 5.0)
-    elems = _library.paged_attention_workspace_elems(config)
+    attrs = {"scale": 0.1, "sliding_window": 7, "soft_cap": 5.0}
+    _, (_, workspace) = library_call(PAGED_ATTENTION, list(inputs.values()), attrs)
+    (elems,) = workspace.shape
+    assert elems > 1
     result = line.split("custom-call(")[0]
     assert f"f32[{elems}]" in result
     assert "f32[{},8,64]".format(inputs["query"].shape[0]) in result
@@ -142,18 +145,17 @@ def test_custom_call_legacy_opaque_carries_config_bytes(custom_call_impl, monkey
     assert "api_version=API_VERSION_STATUS_RETURNING" in line
     escaped = re.search(r'backend_config="((?:[^"\\]|\\.)*)"', line)[1]
     opaque = codecs.escape_decode(escaped.encode())[0]  # HLO prints the bytes C-escaped
-    config = _library.PagedAttentionConfig.from_buffer_copy(opaque)
-    assert len(opaque) == 96
+    call = _library.XgoCall.from_buffer_copy(opaque)
+    assert len(opaque) == ctypes.sizeof(_library.XgoCall)
     assert b"\x00" in opaque
-    assert config.magic == _library.PAGED_ATTENTION_MAGIC
-    assert config.version == _library.CONFIG_VERSION
-    assert (config.num_tokens, config.num_q_heads, config.num_kv_heads, config.head_dim) == (
-        23,
-        8,
-        2,
-        64,
+    assert (call.magic, call.abi_version, call.op) == (
+        _library.CALL_MAGIC,
+        _library.ABI_VERSION,
+        b"paged_attention",
     )
-    assert (config.scale, config.soft_cap, config.sliding_window) == (0.25, 2.0, 0)
+    shapes = [tuple(s.dims[: s.rank]) for s in call.operands[: call.num_operands]]
+    assert shapes == [tuple(t.shape) for t in inputs.values()]
+    assert (call.attrs[0].f64, call.attrs[1].i64, call.attrs[2].f64) == (0.25, 0, 2.0)
 
 
 def test_simple_add_custom_call_lowering(custom_call_impl, monkeypatch):
@@ -165,10 +167,15 @@ def test_simple_add_custom_call_lowering(custom_call_impl, monkeypatch):
     assert "bf16[4,6]" in line
     monkeypatch.setenv(xgo_torch_xla.ABI_ENV, "legacy")
     line = custom_call_line(hlo_of(torch.ops.xla_gpu.simple_add(a, a)), SIMPLE_ADD.legacy_target)
-    config = _library.SimpleAddConfig.from_buffer_copy(
+    call = _library.XgoCall.from_buffer_copy(
         codecs.escape_decode(re.search(r'backend_config="((?:[^"\\]|\\.)*)"', line)[1].encode())[0]
     )
-    assert (config.magic, config.dtype, config.num_elements) == (_library.SIMPLE_ADD_MAGIC, 2, 24)
+    bf16 = _library.load().dtype_codes["bfloat16"]
+    assert (call.op, call.operands[0].dtype, tuple(call.operands[0].dims[:2])) == (
+        b"simple_add",
+        bf16,
+        (4, 6),
+    )
 
 
 # XLA:CPU's message for a target with no Host handler, per ABI (typed FFI / untyped legacy);
@@ -241,7 +248,7 @@ def test_mlir_float_round_trips_as_float32(value):
     jax_mlir = pytest.importorskip("jax._src.interpreters.mlir", reason="needs jax (MLIR parser)")
     with jax_mlir.make_ir_context():
         attribute = jax_mlir.ir.Attribute.parse(
-            xgo_torch_xla.paged_attention_attributes(value if value else 1.0, 3, value or None)
+            xgo_torch_xla.attributes_text(PAGED_ATTENTION, (value if value else 1.0, 3, value))
         )
         parsed = jax_mlir.ir.FloatAttr(jax_mlir.ir.DictAttr(attribute)["soft_cap"]).value
     assert np.float32(parsed) == np.float32(value)
@@ -276,11 +283,11 @@ def test_bad_static_input_raises_naming_the_argument(monkeypatch, impl):
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, impl)
     args = on_xla(small_inputs(6))
     with pytest.raises(TypeError, match="context_lens"):
-        xgo_torch_xla.paged_attention_xla(args[0], args[1], args[2].long(), *args[3:], 0.1)
+        torch.ops.xla_gpu.paged_attention(args[0], args[1], args[2].long(), *args[3:], 0.1)
     with pytest.raises(ValueError, match="scale"):
-        xgo_torch_xla.paged_attention_xla(*args, float("nan"))
+        torch.ops.xla_gpu.paged_attention(*args, float("nan"))
     with pytest.raises(ValueError, match="query"):
-        xgo_torch_xla.paged_attention_xla(args[0][:, :3], *args[1:], 0.1)
+        torch.ops.xla_gpu.paged_attention(args[0][:, :3], *args[1:], 0.1)
 
 
 def test_num_seqs_may_live_on_the_host():
@@ -288,7 +295,7 @@ def test_num_seqs_may_live_on_the_host():
     args = on_xla(inputs)
     args[-1] = inputs["num_seqs"]  # CPU tensor
     expected = reference.paged_attention(**inputs, scale=0.1)
-    out = xgo_torch_xla.paged_attention_xla(*args, 0.1).cpu()
+    out = torch.ops.xla_gpu.paged_attention(*args, 0.1).cpu()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 

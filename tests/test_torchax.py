@@ -15,7 +15,7 @@ import torch
 from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
 
 from xla_gpu_ops import _library, reference
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD
+from xla_gpu_ops.ops import PAGED_ATTENTION, SIMPLE_ADD
 
 torchax = pytest.importorskip("torchax", reason="needs torchax")
 jax = pytest.importorskip("jax", reason="needs jax")
@@ -90,18 +90,17 @@ CASES = {
 
 @pytest.fixture
 def jax_calls(monkeypatch) -> list[str]:
-    """Names of the xla_gpu_ops.jax functions called (proves torchax took our lowering)."""
+    """Names of the ops xla_gpu_ops.jax.call ran (proves torchax took our lowering)."""
     import xla_gpu_ops.jax as xgo_jax
 
     calls: list[str] = []
-    for name in ("simple_add", "paged_attention"):
-        original = getattr(xgo_jax, name)
+    original = xgo_jax.call
 
-        def spy(*args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(*args, **kwargs)
+    def spy(op, *args, **kwargs):
+        calls.append(op.name)
+        return original(op, *args, **kwargs)
 
-        monkeypatch.setattr(xgo_jax, name, spy)
+    monkeypatch.setattr(xgo_jax, "call", spy)
     return calls
 
 

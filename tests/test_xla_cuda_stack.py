@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from xla_gpu_ops import ops
+
 pytestmark = pytest.mark.xla_cuda
 
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
@@ -173,8 +175,7 @@ def test_torch_xla_without_cuda_gets_one_clear_error(monkeypatch):
 
 EXTENSION_SCRIPT = """
     import ctypes, json
-    from xla_gpu_ops import _library, xla_cuda
-    from xla_gpu_ops._registry import OPS
+    from xla_gpu_ops import _library, ops, xla_cuda
 
     class Args(ctypes.Structure):  # PJRT_Gpu_Register_Custom_Call_Args (pjrt_c_api_gpu_extension.h)
         _fields_ = [("struct_size", ctypes.c_size_t), ("function_name", ctypes.c_char_p),
@@ -192,16 +193,17 @@ EXTENSION_SCRIPT = """
         address = Extension.from_address(address).next
     extension = Extension.from_address(address)
 
-    def register(name, api_version, symbol):
+    def register(name, api_version, op, handler):
+        address = getattr(_library.load().op(op).info, handler + "_handler")
         args = Args(ctypes.sizeof(Args), name.encode(), len(name), api_version, None, None, None,
-                    _library.symbol_address(symbol))
+                    address)
         return extension.custom_call(ctypes.byref(args)) is None  # NULL PJRT_Error*: success
 
     results = {}
-    for op in OPS:
-        results[op.legacy_target] = register(op.legacy_target, 0, op.cuda_legacy_symbol)
-        results[op.ffi_target] = register(op.ffi_target, 1, op.cuda_ffi_symbol)
-    results["bad_api_version"] = register("xgo_bad_api_version", 7, OPS[0].cuda_legacy_symbol)
+    for op in ops.OPS:
+        results[op.legacy_target] = register(op.legacy_target, 0, op, "cuda_legacy")
+        results[op.ffi_target] = register(op.ffi_target, 1, op, "cuda_ffi")
+    results["bad_api_version"] = register("xgo_bad_api_version", 7, ops.OPS[0], "cuda_legacy")
     print("RESULTS " + json.dumps(results), flush=True)
 """
 
@@ -218,7 +220,7 @@ def test_plugin_extension_accepts_our_handlers(artifacts_dir):
     log = run_python(EXTENSION_SCRIPT, {}, artifacts_dir / "extension.log")
     (line,) = [line for line in log.splitlines() if line.startswith("RESULTS ")]
     results = json.loads(line.removeprefix("RESULTS "))
-    for op in xla_cuda.OPS:
+    for op in ops.OPS:
         assert results[op.legacy_target] is True, results
         assert results[op.ffi_target] is True, results
     assert results["bad_api_version"] is False, results
@@ -258,7 +260,7 @@ def test_simple_add_custom_call_abi_in_hlo(monkeypatch, abi):
     import torch_xla
 
     import xla_gpu_ops
-    from xla_gpu_ops import _library
+    from xla_gpu_ops import _library, ops
     from xla_gpu_ops import torch_xla as xla_binding
 
     built_library()
@@ -276,10 +278,7 @@ def test_simple_add_custom_call_abi_in_hlo(monkeypatch, abi):
     if abi == "legacy":
         assert 'custom_call_target="xla_gpu_simple_add_legacy"' in line
         assert "api_version=API_VERSION_STATUS_RETURNING" in line
-        expected = _library.SimpleAddConfig(
-            magic=_library.SIMPLE_ADD_MAGIC, version=1, dtype=_library.XgoDtype.BF16,
-            reserved=0, num_elements=35,
-        )  # fmt: skip
+        expected = _library.make_call(ops.SIMPLE_ADD, [(5, 7), (5, 7)], ["bfloat16"] * 2, ())
         assert hlo_opaque(line) == bytes(expected)
     else:
         assert 'custom_call_target="xla_gpu_simple_add"' in line
@@ -294,7 +293,7 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     from paged_inputs import MIXED, make_paged_inputs
 
     import xla_gpu_ops
-    from xla_gpu_ops import _library
+    from xla_gpu_ops import _library, ops
     from xla_gpu_ops import torch_xla as xla_binding
 
     built_library()
@@ -314,13 +313,11 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     num_tokens = inputs["query"].shape[0]
     num_pages = inputs["kv_cache"].shape[0]
     max_num_seqs, pages_per_seq = inputs["block_tables"].shape
-    config = _library.PagedAttentionConfig(
-        magic=_library.PAGED_ATTENTION_MAGIC, version=1, dtype=_library.XgoDtype.F16, reserved=0,
-        num_tokens=num_tokens, num_q_heads=8, num_kv_heads=2, head_dim=128, num_pages=num_pages,
-        page_size=16, max_num_seqs=max_num_seqs, pages_per_seq=pages_per_seq, sliding_window=40,
-        scale=0.0625, soft_cap=30.0,
-    )  # fmt: skip
-    workspace = _library.paged_attention_workspace_elems(config)
+    shapes = [(num_tokens, 8, 128), (num_pages, 16, 4, 128), (max_num_seqs,),
+              (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,)]  # fmt: skip
+    dtypes = ["float16", "float16"] + ["int32"] * 4
+    config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0))
+    (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[1].shape
     # outputs: (out, float32 workspace sized from static shapes)
     assert f"(f16[{num_tokens},8,128]{{2,1,0}}, f32[{workspace}]{{0}}) custom-call(" in line
     if abi == "legacy":
@@ -481,7 +478,7 @@ def test_ops_on_xla_cuda_lazy_and_openxla_dynamo(artifacts_dir):
     results = json.loads(line.removeprefix("RESULTS "))
     (artifacts_dir / "results.json").write_text(json.dumps(results, indent=2))
     assert results["hardware"] == "CUDA", results
-    assert results["targets"] == [op.legacy_target for op in xla_cuda.OPS]
+    assert results["targets"] == [op.legacy_target for op in ops.OPS]
     assert any(
         'custom_call_target="xla_gpu_simple_add_legacy"' in hlo for hlo in results["simple_add_hlo"]
     )

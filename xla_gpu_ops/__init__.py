@@ -1,8 +1,8 @@
 """xla-gpu-ops: CUDA paged attention and simple_add as XLA custom calls.
 
 `import xla_gpu_ops` needs no framework. With torch installed it registers torch.ops.xla_gpu.* and
-exposes `paged_attention` / `simple_add` wrappers; `xla_gpu_ops.jax`, `xla_gpu_ops.torchax` and
-`xla_gpu_ops.torch_xla` are imported on demand.
+exposes the `paged_attention` / `simple_add` wrappers; `xla_gpu_ops.jax`, `xla_gpu_ops.torchax` and
+`xla_gpu_ops.torch_xla` are imported on demand. The op table is `xla_gpu_ops.ops`.
 """
 
 from __future__ import annotations
@@ -13,16 +13,8 @@ import importlib.util
 __version__ = "0.1.0"
 __all__ = ["paged_attention", "simple_add"]
 
-_SUBMODULES = (
-    "jax",
-    "torchax",
-    "torch_xla",
-    "torch_cuda",
-    "torch_ops",
-    "hlo",
-    "reference",
-    "xla_cuda",
-)
+_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "ops",
+               "reference", "xla_cuda")  # fmt: skip
 
 if importlib.util.find_spec("torch") is not None:
     from xla_gpu_ops.torch_ops import paged_attention, simple_add

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from xla_gpu_ops._registry import OPS
+from xla_gpu_ops import ops
 
 
 def _hlo_command(args: argparse.Namespace) -> int:
@@ -25,7 +25,7 @@ def _hlo_command(args: argparse.Namespace) -> int:
         os.environ["XLA_FLAGS"] = f"{flags} {hlo.xla_dump_flags(xla_dump_dir.resolve())}".strip()
     else:
         xla_dump_dir = None  # the caller chose where XLA dumps; do not guess
-    op = next(op for op in OPS if op.name == args.op)
+    op = ops.get(args.op)
     dump = hlo.dump_op(args.frontend, op, zeros=args.zeros, xla_dump_dir=xla_dump_dir)
     written = dump.write(out)
     print(f"# {args.frontend} / {op.name}{' (all-zero constant inputs)' if args.zeros else ''}")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "hlo", help="dump HLO/StableHLO of an op and list its custom calls"
     )
     hlo_parser.add_argument("--frontend", choices=("torch_xla", "jax", "torchax"), required=True)
-    hlo_parser.add_argument("--op", choices=[op.name for op in OPS], required=True)
+    hlo_parser.add_argument("--op", choices=list(ops.BY_NAME), required=True)
     hlo_parser.add_argument("--out", required=True, help="folder for the dumps")
     hlo_parser.add_argument(
         "--zeros", action="store_true", help="all-zero inputs baked in as graph constants"

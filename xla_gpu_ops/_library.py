@@ -1,4 +1,10 @@
-"""Loads libxla_gpu_ops.so once and mirrors its C ABI (kernels/include/xla_gpu_ops/c_api.h).
+"""Loads libxla_gpu_ops.so once and reads its op table (kernels/include/xla_gpu_ops/c_api.h).
+
+The library's table names each op's operands, results and attributes and holds its entry
+points; `load()` checks it against xla_gpu_ops.ops, so Python and C++ cannot disagree on an
+op's signature. Front ends describe a call with `make_call` (an XgoCall: operand shapes and
+dtypes, attribute values) and then ask the library for its static checks and result shapes
+(`describe`), run it (`LibraryOp.launch`), or hand its XLA handlers to a runtime (`capsule`).
 
 Importing this module needs no framework; the library itself needs no GPU to load.
 """
@@ -6,99 +12,135 @@ Importing this module needs no framework; the library itself needs no GPU to loa
 from __future__ import annotations
 
 import ctypes
-import enum
 import functools
 import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from xla_gpu_ops._registry import OPS, OpSpec
-from xla_gpu_ops._validation import PagedAttentionDims
+from xla_gpu_ops import ops
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_ENV = "XLA_GPU_OPS_LIBRARY"  # optional override: path of a libxla_gpu_ops.so to load
 _DEFAULT_PATH = Path(__file__).parent / "_lib" / "libxla_gpu_ops.so"
+
+# Sizes of the XgoCall arrays (c_api.h); `load` compares the struct sizes with the library's.
+MAX_RANK, MAX_OPERANDS, MAX_RESULTS, MAX_ATTRS, MAX_OP_NAME = 8, 12, 4, 12, 32
+CALL_MAGIC = 0x4C4C4358
+STATUS_OK, STATUS_INVALID_ARGUMENT, STATUS_CUDA_ERROR, STATUS_INVALID_DTYPE = 0, 1, 2, 3
+ATTR_F32, ATTR_I64 = 0, 1
 
 
 class LibraryNotBuiltError(RuntimeError):
     pass
 
 
-class XgoStatus(enum.IntEnum):
-    OK = 0
-    INVALID_ARGUMENT = 1
-    CUDA_ERROR = 2
+class XgoShape(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("dims", ctypes.c_int64 * MAX_RANK)]  # fmt: skip
 
 
-class XgoDtype(enum.IntEnum):
-    F32 = 0
-    F16 = 1
-    BF16 = 2
+class XgoAttrValue(ctypes.Union):
+    _fields_ = [("f64", ctypes.c_double), ("i64", ctypes.c_int64)]
 
 
-DTYPE_CODES = {"float32": XgoDtype.F32, "float16": XgoDtype.F16, "bfloat16": XgoDtype.BF16}
-
-SIMPLE_ADD_MAGIC = 0x41475800
-PAGED_ATTENTION_MAGIC = 0x41505800
-CONFIG_VERSION = 1
-
-
-class SimpleAddConfig(ctypes.Structure):
+class XgoCall(ctypes.Structure):
     _fields_ = [
         ("magic", ctypes.c_uint32),
-        ("version", ctypes.c_uint32),
-        ("dtype", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
-        ("num_elements", ctypes.c_int64),
+        ("abi_version", ctypes.c_uint32),
+        ("op", ctypes.c_char * MAX_OP_NAME),
+        ("num_operands", ctypes.c_int32),
+        ("num_attrs", ctypes.c_int32),
+        ("operands", XgoShape * MAX_OPERANDS),
+        ("attrs", XgoAttrValue * MAX_ATTRS),
     ]
 
 
-class PagedAttentionConfig(ctypes.Structure):
+class XgoResults(ctypes.Structure):
+    _fields_ = [("num_results", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("results", XgoShape * MAX_RESULTS)]  # fmt: skip
+
+
+_DESCRIBE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(XgoCall), ctypes.POINTER(XgoResults))
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_CHECK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class XgoOpInfo(ctypes.Structure):
     _fields_ = [
-        ("magic", ctypes.c_uint32),
-        ("version", ctypes.c_uint32),
-        ("dtype", ctypes.c_int32),
+        ("name", ctypes.c_char_p),
+        ("num_operands", ctypes.c_int32),
+        ("num_results", ctypes.c_int32),
+        ("num_attrs", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
-        ("num_tokens", ctypes.c_int64),
-        ("num_q_heads", ctypes.c_int64),
-        ("num_kv_heads", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64),
-        ("num_pages", ctypes.c_int64),
-        ("page_size", ctypes.c_int64),
-        ("max_num_seqs", ctypes.c_int64),
-        ("pages_per_seq", ctypes.c_int64),
-        ("sliding_window", ctypes.c_int64),
-        ("scale", ctypes.c_float),
-        ("soft_cap", ctypes.c_float),
+        ("operand_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("result_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("attr_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("attr_types", ctypes.POINTER(ctypes.c_int32)),
+        ("describe", _DESCRIBE),
+        ("launch", _LAUNCH),
+        ("check_host_values", _CHECK),
+        ("cuda_ffi_handler", ctypes.c_void_p),
+        ("host_ffi_handler", ctypes.c_void_p),
+        ("cuda_legacy_handler", ctypes.c_void_p),
     ]
 
 
-CONFIG_STRUCTS = {"simple_add": SimpleAddConfig, "paged_attention": PagedAttentionConfig}
+@dataclass(frozen=True)
+class ResultSpec:
+    shape: tuple[int, ...]
+    dtype: str  # "float32", ...
 
 
-def simple_add_config(dtype_name: str, num_elements: int) -> SimpleAddConfig:
-    """The XgoSimpleAddConfig of a call (launcher argument and legacy opaque)."""
-    return SimpleAddConfig(
-        magic=SIMPLE_ADD_MAGIC, version=CONFIG_VERSION, dtype=DTYPE_CODES[dtype_name],
-        reserved=0, num_elements=num_elements,
-    )  # fmt: skip
+@dataclass(frozen=True)
+class LibraryOp:
+    """One op's entries in the loaded library."""
+
+    op: ops.Op
+    info: XgoOpInfo
+    operand_names: tuple[str, ...]
+    result_names: tuple[str, ...]
+    attr_names: tuple[str, ...]
+    attr_types: tuple[int, ...]
+
+    @property
+    def launch(self):
+        """launch(call address, packed buffer pointers, stream) -> status (c_api.h)."""
+        return self.info.launch
+
+    def capsule(self, handler: str):
+        """A PyCapsule of a handler (cuda_ffi, host_ffi, cuda_legacy), for XLA registration."""
+        address = getattr(self.info, f"{handler}_handler")
+        pycapsule_new = ctypes.pythonapi.PyCapsule_New
+        pycapsule_new.restype = ctypes.py_object
+        pycapsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return pycapsule_new(address, None, None)
 
 
-def paged_attention_config(
-    dims: PagedAttentionDims,
-    dtype_name: str,
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> PagedAttentionConfig:
-    """The XgoPagedAttentionConfig of a call: launcher argument, legacy opaque, workspace sizing."""
-    return PagedAttentionConfig(
-        magic=PAGED_ATTENTION_MAGIC, version=CONFIG_VERSION, dtype=DTYPE_CODES[dtype_name],
-        reserved=0, num_tokens=dims.num_tokens, num_q_heads=dims.num_q_heads,
-        num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, num_pages=dims.num_pages,
-        page_size=dims.page_size, max_num_seqs=dims.max_num_seqs,
-        pages_per_seq=dims.pages_per_seq, sliding_window=int(sliding_window or 0),
-        scale=float(scale), soft_cap=float(soft_cap or 0.0),
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Library:
+    path: Path
+    cdll: ctypes.CDLL
+    ops: dict[str, LibraryOp]
+    dtype_codes: dict[str, int]  # "bfloat16" -> code, from the library's own list
+
+    def op(self, op: ops.Op | str) -> LibraryOp:
+        return self.ops[ops.get(op).name]
+
+    def last_error(self) -> str:
+        return self.cdll.xla_gpu_ops_last_error().decode(errors="replace")
+
+    def raise_for_status(self, status: int, what: str = "") -> None:
+        """The library's status as the matching Python exception, with its message."""
+        if status == STATUS_OK:
+            return
+        message = self.last_error() + (f" ({what})" if what else "")
+        if status == STATUS_INVALID_DTYPE:
+            raise TypeError(message)
+        if status == STATUS_INVALID_ARGUMENT:
+            raise ValueError(message)
+        raise RuntimeError(message)
 
 
 def library_path() -> Path:
@@ -109,64 +151,124 @@ def is_built() -> bool:
     return library_path().is_file()
 
 
+def _names(pointer, count: int) -> tuple[str, ...]:
+    return tuple(pointer[i].decode() for i in range(count))
+
+
 @functools.cache
-def load() -> ctypes.CDLL:
-    """The loaded library, with argument types set and its ABI checked against this module."""
+def load() -> Library:
+    """The loaded library, its ABI and op table checked against this package."""
     path = library_path()
     if not path.is_file():
         raise LibraryNotBuiltError(
-            f"{path} does not exist: build it with `nox -s build` (or set {LIBRARY_ENV})"
+            f"{path} does not exist: build it with `nox -s build` or `pip install .` "
+            f"(or set {LIBRARY_ENV})"
         )
-    lib = ctypes.CDLL(str(path))
-    lib.xla_gpu_ops_abi_version.restype = ctypes.c_int32
-    lib.xla_gpu_ops_last_error.restype = ctypes.c_char_p
-    lib.xla_gpu_ops_config_size.restype = ctypes.c_int64
-    lib.xla_gpu_ops_config_size.argtypes = [ctypes.c_char_p]
-    if (found := lib.xla_gpu_ops_abi_version()) != ABI_VERSION:
+    cdll = ctypes.CDLL(str(path))
+    cdll.xla_gpu_ops_abi_version.restype = ctypes.c_int32
+    if (found := cdll.xla_gpu_ops_abi_version()) != ABI_VERSION:
         raise RuntimeError(f"{path} has ABI version {found}, this package expects {ABI_VERSION}")
-    for name, struct in CONFIG_STRUCTS.items():
-        size = lib.xla_gpu_ops_config_size(name.encode())
-        if size != ctypes.sizeof(struct):
+    cdll.xla_gpu_ops_last_error.restype = ctypes.c_char_p
+    cdll.xla_gpu_ops_dtype_name.restype = ctypes.c_char_p
+    cdll.xla_gpu_ops_dtype_name.argtypes = [ctypes.c_int32]
+    cdll.xla_gpu_ops_sizeof.restype = ctypes.c_int64
+    cdll.xla_gpu_ops_sizeof.argtypes = [ctypes.c_char_p]
+    for struct_type in (XgoCall, XgoResults, XgoOpInfo):
+        size = cdll.xla_gpu_ops_sizeof(struct_type.__name__.encode())
+        if size != ctypes.sizeof(struct_type):
             raise RuntimeError(
-                f"{path}: config struct of {name} is {size} bytes, Python mirror {ctypes.sizeof(struct)}"
+                f"{path}: {struct_type.__name__} is {size} bytes, the Python mirror "
+                f"{ctypes.sizeof(struct_type)}: library and package are from different versions"
             )
-    lib.xla_gpu_paged_attention_workspace_elems.restype = ctypes.c_int64
-    lib.xla_gpu_paged_attention_workspace_elems.argtypes = [ctypes.POINTER(PagedAttentionConfig)]
-    for op in OPS:
-        launch = getattr(lib, op.launch_symbol)
-        launch.restype = ctypes.c_int32
-    return lib
+    dtype_codes = {}
+    for code in range(64):
+        if (name := cdll.xla_gpu_ops_dtype_name(code)) is not None:
+            dtype_codes[name.decode()] = code
+    cdll.xla_gpu_ops_ops.restype = ctypes.POINTER(ctypes.POINTER(XgoOpInfo))
+    cdll.xla_gpu_ops_ops.argtypes = [ctypes.POINTER(ctypes.c_int32)]
+    count = ctypes.c_int32()
+    table = cdll.xla_gpu_ops_ops(ctypes.byref(count))
+    found_ops = {}
+    for i in range(count.value):
+        info = table[i].contents
+        name = info.name.decode()
+        entry = LibraryOp(
+            op=ops.get(name) if name in ops.BY_NAME else None,
+            info=info,
+            operand_names=_names(info.operand_names, info.num_operands),
+            result_names=_names(info.result_names, info.num_results),
+            attr_names=_names(info.attr_names, info.num_attrs),
+            attr_types=tuple(info.attr_types[a] for a in range(info.num_attrs)),
+        )
+        found_ops[name] = entry
+    _check_table(path, found_ops)
+    return Library(path=path, cdll=cdll, ops=found_ops, dtype_codes=dtype_codes)
 
 
-def last_error() -> str:
-    return load().xla_gpu_ops_last_error().decode(errors="replace")
+def _check_table(path: Path, found: dict[str, LibraryOp]) -> None:
+    """The library's op table must be xla_gpu_ops.ops' table: same ops, names and types."""
+    if set(found) != set(ops.BY_NAME):
+        raise RuntimeError(f"{path}: ops {sorted(found)}, the package has {sorted(ops.BY_NAME)}")
+    for name, entry in found.items():
+        op = ops.BY_NAME[name]
+        expected = (op.operand_names, op.results, op.attr_names,
+                    tuple(ATTR_F32 if a.kind is float else ATTR_I64 for a in op.attrs))  # fmt: skip
+        actual = (entry.operand_names, entry.result_names, entry.attr_names, entry.attr_types)
+        if actual != expected:
+            raise RuntimeError(f"{path}: {name} is {actual} in the library, {expected} here")
 
 
-def check_status(status: int, what: str) -> None:
-    """Turn a launcher's XgoStatus into the matching Python exception."""
-    if status == XgoStatus.OK:
-        return
-    message = f"{what}: {last_error()}"
-    if status == XgoStatus.INVALID_ARGUMENT:
-        raise ValueError(message)
-    raise RuntimeError(message)
+def make_call(
+    op: ops.Op,
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[str],
+    attr_values: Sequence[float | int],
+) -> XgoCall:
+    """The XgoCall of one call: operand shapes and dtype names in table order, attribute values
+    as `Op.encode_attrs` gives them. Unknown dtypes become code -1 (the library names them)."""
+    lib = load()
+    call = XgoCall(magic=CALL_MAGIC, abi_version=ABI_VERSION, op=op.name.encode(),
+                   num_operands=len(shapes), num_attrs=len(attr_values))  # fmt: skip
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
+        if len(shape) > MAX_RANK:
+            raise ValueError(f"{op.name}: {op.operands[i].name}: rank {len(shape)} is too large")
+        target = call.operands[i]
+        target.dtype = lib.dtype_codes.get(dtype, -1)
+        target.rank = len(shape)
+        for d, size in enumerate(shape):
+            target.dims[d] = int(size)
+    for a, (attr, value) in enumerate(zip(op.attrs, attr_values, strict=True)):
+        if attr.kind is float:
+            call.attrs[a].f64 = float(value)
+        else:
+            call.attrs[a].i64 = int(value)
+    return call
 
 
-def symbol_address(name: str) -> int:
-    return ctypes.cast(getattr(load(), name), ctypes.c_void_p).value
+_CODE_NAMES: dict[int, str] = {}
 
 
-def ffi_capsule(op: OpSpec, variant: str):
-    """A PyCapsule of one handler symbol (variant: cuda_ffi, host_ffi, cuda_legacy), for XLA registration."""
-    symbol = getattr(op, f"{variant}_symbol")
-    pycapsule_new = ctypes.pythonapi.PyCapsule_New
-    pycapsule_new.restype = ctypes.py_object
-    pycapsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    return pycapsule_new(symbol_address(symbol), None, None)
+def describe(op: ops.Op, call: XgoCall) -> list[ResultSpec]:
+    """The library's static checks of `call` (raising TypeError / ValueError naming the argument)
+    and its result shapes."""
+    lib = load()
+    results = XgoResults()
+    lib.raise_for_status(lib.op(op).info.describe(ctypes.byref(call), ctypes.byref(results)))
+    if not _CODE_NAMES:
+        _CODE_NAMES.update({code: name for name, code in lib.dtype_codes.items()})
+    return [
+        ResultSpec(tuple(r.dims[d] for d in range(r.rank)), _CODE_NAMES[r.dtype])
+        for r in results.results[: results.num_results]
+    ]
 
 
-def paged_attention_workspace_elems(config: PagedAttentionConfig) -> int:
-    elems = load().xla_gpu_paged_attention_workspace_elems(ctypes.byref(config))
-    if elems < 0:
-        raise ValueError(f"paged_attention: {last_error()}")
-    return int(elems)
+def check_host_values(op: ops.Op, call: XgoCall, host_pointers: Sequence[int | None]) -> None:
+    """The library's value checks (e.g. paged_attention's metadata) on host memory."""
+    lib = load()
+    pointers = (ctypes.c_void_p * len(host_pointers))(*host_pointers)
+    lib.raise_for_status(lib.op(op).info.check_host_values(ctypes.byref(call), pointers))
+
+
+def pointer_packer(count: int):
+    """pack(*addresses) -> bytes holding `count` pointers: the buffers argument of a launch."""
+    return struct.Struct(f"{count}Q").pack

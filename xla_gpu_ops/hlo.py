@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from xla_gpu_ops._registry import OPS, OpSpec
+from xla_gpu_ops import ops
 
 FRONTENDS = ("torch_xla", "jax", "torchax")
-OP_NAMES = tuple(op.name for op in OPS)
+OP_NAMES = tuple(op.name for op in ops.OPS)
 # HLO's CustomCallApiVersion names (xla_data.proto); absent in HLO text means ORIGINAL (1).
 HLO_API_VERSIONS = {
     "API_VERSION_UNSPECIFIED": 0,
@@ -239,56 +239,14 @@ def xla_dump_flags(directory: str | os.PathLike) -> str:
 
 
 # ---------------------------------------------------------------------------- sample inputs
-def sample_inputs(op: OpSpec | str, zeros: bool = False) -> dict[str, np.ndarray]:
-    """Small valid inputs of an op as numpy arrays (framework-neutral).
+def sample_inputs(op: ops.Op | str, zeros: bool = False) -> dict[str, np.ndarray]:
+    """Small valid inputs of an op as numpy arrays (framework-neutral), from the op table.
 
-    paged_attention: 3 live sequences (decode, prefill, chunked prefill), 1 unused slot, 2 padding
-    rows; Hq=8, Hkv=2, head_dim=64, page_size=16, float32, pages in reverse order. zeros=True makes
-    every input all zeros, metadata included (num_seqs = 0, a valid empty batch): the case where a
-    graph built from constants could be folded into a constant.
+    zeros=True makes every input all zeros, metadata included (for paged_attention num_seqs = 0,
+    a valid empty batch): the case where a graph built from constants could be folded into a
+    constant.
     """
-    name = op if isinstance(op, str) else op.name
-    rng = np.random.default_rng(0)
-    if name == "simple_add":
-        shape = (4, 256)
-        if zeros:
-            return {"a": np.zeros(shape, np.float32), "b": np.zeros(shape, np.float32)}
-        return {
-            "a": rng.standard_normal(shape, np.float32),
-            "b": rng.standard_normal(shape, np.float32),
-        }
-    if name != "paged_attention":
-        raise ValueError(f"op: {name!r} is not one of {OP_NAMES}")
-    seqs = [(1, 37), (17, 17), (3, 64)]  # (q_len, context_len)
-    num_q_heads, num_kv_heads, head_dim, page_size, pad_tokens, spare_slots = 8, 2, 64, 16, 2, 1
-    pages_per_seq = max(-(-ctx // page_size) for _, ctx in seqs)
-    num_slots = len(seqs) + spare_slots
-    num_pages = num_slots * pages_per_seq
-    num_tokens = sum(q for q, _ in seqs) + pad_tokens
-    inputs = {
-        "query": np.zeros((num_tokens, num_q_heads, head_dim), np.float32),
-        "kv_cache": np.zeros((num_pages, page_size, 2 * num_kv_heads, head_dim), np.float32),
-        "context_lens": np.zeros(num_slots, np.int32),
-        "block_tables": np.zeros((num_slots, pages_per_seq), np.int32),
-        "query_start_loc": np.zeros(num_slots + 1, np.int32),
-        "num_seqs": np.zeros(1, np.int32),
-    }
-    if zeros:
-        return inputs
-    inputs["query"] = rng.standard_normal(inputs["query"].shape, np.float32)
-    inputs["kv_cache"] = rng.standard_normal(inputs["kv_cache"].shape, np.float32)
-    inputs["block_tables"] = (
-        np.arange(num_pages, dtype=np.int32)[::-1].reshape(num_slots, pages_per_seq).copy()
-    )
-    inputs["context_lens"][: len(seqs)] = [ctx for _, ctx in seqs]
-    inputs["context_lens"][len(seqs) :] = 1
-    inputs["query_start_loc"][1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
-    inputs["query_start_loc"][len(seqs) + 1 :] = inputs["query_start_loc"][len(seqs)]
-    inputs["num_seqs"][0] = len(seqs)
-    return inputs
-
-
-PAGED_ATTENTION_ATTRIBUTES = {"scale": 0.125, "sliding_window": None, "soft_cap": None}
+    return ops.get(op).sample(zeros)
 
 
 # ---------------------------------------------------------------------------- front ends
@@ -364,30 +322,26 @@ def dump_torchax(fn: Callable[..., Any], args: Sequence[Any], zeros: bool = Fals
 _DUMPERS = {"torch_xla": dump_torch_xla, "jax": dump_jax, "torchax": dump_torchax}
 
 
-def op_function(frontend: str, op: OpSpec | str) -> Callable[..., Any]:
-    """A function of the op's tensor inputs that calls the op the way `frontend` users do."""
-    name = op if isinstance(op, str) else op.name
-    attrs = PAGED_ATTENTION_ATTRIBUTES
+def op_function(frontend: str, op: ops.Op | str) -> Callable[..., Any]:
+    """A function of the op's tensor inputs that calls the op the way `frontend` users do, with
+    the table's sample attributes."""
+    op = ops.get(op)
+    attrs = dict(op.sample_attrs)
     if frontend == "jax":
         from xla_gpu_ops import jax as xgo_jax
 
-        if name == "simple_add":
-            return xgo_jax.simple_add
-        return lambda *a: xgo_jax.paged_attention(*a, **attrs)
+        return lambda *operands: xgo_jax.call(op, operands, attrs)
     import torch
 
     import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
 
-    if name == "simple_add":
-        return torch.ops.xla_gpu.simple_add
-    return lambda *a: torch.ops.xla_gpu.paged_attention(
-        *a, attrs["scale"], attrs["sliding_window"], attrs["soft_cap"]
-    )
+    overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
+    return lambda *operands: overload(*operands, *[attrs[a] for a in op.attr_names])
 
 
 def dump_op(
     frontend: str,
-    op: OpSpec | str,
+    op: ops.Op | str,
     zeros: bool = False,
     xla_dump_dir: str | os.PathLike | None = None,
 ) -> Dump:
@@ -400,7 +354,7 @@ def dump_op(
     """
     if frontend not in _DUMPERS:
         raise ValueError(f"frontend: {frontend!r} is not one of {FRONTENDS}")
-    name = op if isinstance(op, str) else op.name
+    name = ops.get(op).name
     args = list(sample_inputs(name, zeros=zeros).values())
     # Only the files this call adds: one process may dump several ops into the same folder.
     earlier = set(collect_xla_dumps(xla_dump_dir)) if xla_dump_dir is not None else set()

@@ -1,39 +1,33 @@
-"""JAX front end: `simple_add` and `paged_attention` as XLA custom calls (jax.ffi).
+"""JAX front end: the library's ops as XLA custom calls (jax.ffi), one generic call per op.
 
 The typed FFI target of each op (`op.ffi_target`) is registered for platform "CUDA" (the CUDA
 handler) and "cpu" (the host handler, XLA:CPU); the legacy target (`op.legacy_target`, CUDA only)
 is registered with api_version 0 and called with custom_call_api_version=2. Registration happens
-once, on first use. Every function is jit-able; under vmap the custom call runs once per batch
-element (`vmap_method="sequential"`), except the elementwise simple_add, which is batched whole.
+once, on first use, from the library's op table. Every function is jit-able; under vmap the custom
+call runs once per batch element (`vmap_method="sequential"`), except elementwise ops, which are
+batched whole.
 
-Static input checks (shapes, dtypes, attributes) run at trace time and raise TypeError /
+Static checks (shapes, dtypes, attributes) run at trace time in the library and raise TypeError /
 ValueError naming the argument. Metadata values are checked by the host handler (XLA:CPU raises
-with the handler's message); the CUDA kernel guards them with NaN rows (docs/DESIGN.md).
+with the handler's message); the CUDA kernels guard them with NaN rows (docs/DESIGN.md).
 """
 
 from __future__ import annotations
 
-import numbers
+import functools
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from xla_gpu_ops import _library, _validation
-from xla_gpu_ops._registry import OPS, PAGED_ATTENTION, SIMPLE_ADD
+from xla_gpu_ops import _library, ops
 
-__all__ = ["paged_attention", "register", "simple_add"]
+__all__ = ["call", "paged_attention", "register", "simple_add"]
 
 ABIS = ("ffi", "legacy")
-_PAGED_ATTENTION_OPERANDS = (
-    "query",
-    "kv_cache",
-    "context_lens",
-    "block_tables",
-    "query_start_loc",
-    "num_seqs",
-)
 
 _register_lock = threading.Lock()
 _registered = False
@@ -45,19 +39,14 @@ def register() -> None:
     with _register_lock:
         if _registered:
             return
-        for op in OPS:
-            jax.ffi.register_ffi_target(
-                op.ffi_target, _library.ffi_capsule(op, "cuda_ffi"), platform="CUDA"
-            )
-            jax.ffi.register_ffi_target(
-                op.ffi_target, _library.ffi_capsule(op, "host_ffi"), platform="cpu"
-            )
+        library = _library.load()
+        for op in ops.OPS:
+            entry = library.op(op)
+            jax.ffi.register_ffi_target(op.ffi_target, entry.capsule("cuda_ffi"), platform="CUDA")
+            jax.ffi.register_ffi_target(op.ffi_target, entry.capsule("host_ffi"), platform="cpu")
             # api_version=0: the untyped "custom call" registry that api_version 2 calls use.
             jax.ffi.register_ffi_target(
-                op.legacy_target,
-                _library.ffi_capsule(op, "cuda_legacy"),
-                platform="CUDA",
-                api_version=0,
+                op.legacy_target, entry.capsule("cuda_legacy"), platform="CUDA", api_version=0
             )
         _registered = True
 
@@ -71,56 +60,69 @@ def _dtype_name(x: Any) -> str:
     return np.dtype(dtype).name
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in np.shape(x))
-
-
-def simple_add(a: Any, b: Any) -> jax.Array:
-    """out = a + b (same shape and dtype; float32, float16 or bfloat16)."""
-    _validation.check_simple_add(_shape(a), _dtype_name(a), _shape(b), _dtype_name(b))
-    register()
-    a, b = jax.numpy.asarray(a), jax.numpy.asarray(b)
-    call = jax.ffi.ffi_call(
-        SIMPLE_ADD.ffi_target,
-        jax.ShapeDtypeStruct(a.shape, a.dtype),
-        # Elementwise on any shape: batching both operands along the vmapped axis is exact.
-        vmap_method="broadcast_all",
+def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str = "ffi"):
+    """One custom call of `op` (operands in table order, attributes by name); returns the op's
+    outputs (scratch results such as paged_attention's workspace are dropped)."""
+    if abi not in ABIS:
+        raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
+    encoded = op.encode_attrs(attrs)
+    xgo_call = _library.make_call(
+        op, [np.shape(x) for x in operands], [_dtype_name(x) for x in operands], encoded
     )
-    return call(a, b)
+    results = _library.describe(op, xgo_call)
+    register()
+    arrays = [jnp.asarray(x) for x in operands]
+    # Scratch space of the CUDA kernels is an extra output: the handlers never allocate.
+    result_types = [jax.ShapeDtypeStruct(r.shape, jnp.dtype(r.dtype)) for r in results]
+    if abi == "ffi":
+        typed = {
+            a.name: np.float32(v) if a.kind is float else np.int64(v)
+            for a, v in zip(op.attrs, encoded, strict=True)
+        }
+        outs = jax.ffi.ffi_call(op.ffi_target, result_types, vmap_method=op.vmap_method)(
+            *arrays, **typed
+        )
+    else:
+        if jax.default_backend() != "gpu":
+            raise RuntimeError(
+                f"{op.name}: abi: 'legacy' is a CUDA-only custom call and JAX's default backend "
+                f"is {jax.default_backend()!r}; use abi='ffi' (it has an XLA:CPU handler)"
+            )
+        outs = jax.ffi.ffi_call(
+            op.legacy_target,
+            result_types,
+            vmap_method=op.vmap_method,
+            custom_call_api_version=2,
+            # The opaque is the XgoCall itself; the handler checks its magic, version and op.
+            legacy_backend_config=bytes(xgo_call),
+        )(*arrays)
+    return outs[0] if op.returned == 1 else tuple(outs[: op.returned])
 
 
-def _static_float(name: str, value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, jax.errors.ConcretizationTypeError) as error:
-        raise TypeError(
-            f"paged_attention: {name}: must be a static Python number, got {value!r} "
-            "(under jax.jit pass it through static_argnames or functools.partial)"
-        ) from error
+def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
+    """Turns a hand-written declaration (signature + docstring) into the public JAX function: the
+    signature is checked against the op table at import; calls bind their arguments through the
+    table and run `call`."""
+
+    def decorate(declared: Callable) -> Callable:
+        ops.public_signature(op, extra=("abi",))(declared)
+
+        @functools.wraps(declared)
+        def forward(*args, abi: str = "ffi", **kwargs):
+            operands, attrs = op.bind(args, kwargs)
+            return call(op, operands, attrs, abi)
+
+        return forward
+
+    return decorate
 
 
-def _static_int_or_none(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    raise TypeError(f"paged_attention: {name}: must be a static int or None, got {value!r}")
+@wrapper(ops.SIMPLE_ADD)
+def simple_add(a: Any, b: Any, *, abi: str = "ffi") -> jax.Array:
+    """out = a + b (same shape and dtype; float32, float16 or bfloat16)."""
 
 
-def paged_attention_config(
-    operands: dict[str, Any],
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> _library.PagedAttentionConfig:
-    """Validate the static inputs (raising TypeError/ValueError naming the argument) and build
-    the config struct of the C ABI; also the legacy opaque."""
-    shapes = {name: _shape(value) for name, value in operands.items()}
-    dtypes = {name: _dtype_name(value) for name, value in operands.items()}
-    dims = _validation.check_paged_attention_static(shapes, dtypes, scale, sliding_window, soft_cap)
-    return _library.paged_attention_config(dims, dtypes["query"], scale, sliding_window, soft_cap)
-
-
+@wrapper(ops.PAGED_ATTENTION)
 def paged_attention(
     query: Any,
     kv_cache: Any,
@@ -139,55 +141,9 @@ def paged_attention(
     query [T, Hq, D]; kv_cache [P, page_size, 2*Hkv, D] (K even, V odd combined heads);
     context_lens int32 [S]; block_tables int32 [S, pages_per_seq]; query_start_loc int32 [S + 1];
     num_seqs int32 [1]. Returns out [T, Hq, D] in query's dtype; rows past
-    query_start_loc[num_seqs] are zero.
+    query_start_loc[num_seqs] are zero. scale, sliding_window and soft_cap are static Python
+    numbers (None turns the last two off).
 
     abi="ffi" (default) calls the typed FFI target (CUDA or XLA:CPU); abi="legacy" calls the
     api_version 2 target, which exists for CUDA only.
     """
-    if abi not in ABIS:
-        raise ValueError(f"paged_attention: abi: must be one of {ABIS}, got {abi!r}")
-    scale = _static_float("scale", scale)
-    sliding_window = _static_int_or_none("sliding_window", sliding_window)
-    if soft_cap is not None:
-        soft_cap = _static_float("soft_cap", soft_cap)
-    values = (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs)
-    operands = dict(zip(_PAGED_ATTENTION_OPERANDS, values, strict=True))
-    config = paged_attention_config(operands, scale, sliding_window, soft_cap)
-    workspace_elems = _library.paged_attention_workspace_elems(config)
-    register()
-    arrays = [jax.numpy.asarray(v) for v in values]
-    result_types = (
-        jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
-        # Scratch space of the CUDA kernel as an extra output: the handler never allocates.
-        jax.ShapeDtypeStruct((workspace_elems,), np.float32),
-    )
-    if abi == "ffi":
-        call = jax.ffi.ffi_call(
-            PAGED_ATTENTION.ffi_target,
-            result_types,
-            # The metadata describes one ragged batch; a vmapped axis is a batch of such calls.
-            vmap_method="sequential",
-        )
-        out, _ = call(
-            *arrays,
-            scale=np.float32(scale),
-            sliding_window=np.int64(config.sliding_window),
-            soft_cap=np.float32(config.soft_cap),
-        )
-        return out
-    if jax.default_backend() != "gpu":
-        raise RuntimeError(
-            "paged_attention: abi: 'legacy' is a CUDA-only custom call and JAX's default backend "
-            f"is {jax.default_backend()!r}; use abi='ffi' (it has an XLA:CPU handler)"
-        )
-    call = jax.ffi.ffi_call(
-        PAGED_ATTENTION.legacy_target,
-        result_types,
-        vmap_method="sequential",
-        custom_call_api_version=2,
-        # The opaque is the C config struct itself (c_api.h); the handler checks its size,
-        # magic and version.
-        legacy_backend_config=bytes(config),
-    )
-    out, _ = call(*arrays)
-    return out

@@ -1,9 +1,16 @@
-"""Eager PyTorch on CUDA: the `cuda` kernels of torch.ops.xla_gpu.* call the C launchers of
-libxla_gpu_ops.so through ctypes, on torch's current stream, with torch-allocated outputs and
-workspace. No host sync: metadata values are never read here (the kernel guards them).
+"""Eager PyTorch on CUDA: the `CUDA` kernels of torch.ops.xla_gpu.* run the library's `launch`
+entry (c_api.h) on torch's current stream, with torch-allocated results and scratch space.
 
-Layout: inputs must be contiguous; non-contiguous (or not 16-byte aligned) tensors are copied to
-contiguous ones first, which costs one extra device copy of that input.
+The host path of a call decides the speed of small eager calls, so it is kept short: one dict
+lookup on the call's static key (shapes, dtypes, attributes) gives the XgoCall and the result
+specs the library described the first time (its static checks then ran and raised, naming the
+argument, if anything was wrong); after that a call is device checks, result allocation and one
+foreign call that receives the buffer pointers packed into bytes. No host sync: metadata values
+are never read here (the kernels guard them; `xla_gpu_ops.paged_attention(..., validate=True)`
+checks them on request).
+
+Layout: operands must be contiguous and 16-byte aligned (16-byte vector loads); other tensors are
+copied to such ones first, which costs one device copy of that operand.
 """
 
 from __future__ import annotations
@@ -12,103 +19,87 @@ import ctypes
 
 import torch
 
-from xla_gpu_ops import _library, _validation
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD
-from xla_gpu_ops.torch_ops import dtype_name, paged_attention_static_dims
+from xla_gpu_ops import _library, ops
 
-_PAGED_ARGS = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """Contiguous and 16-byte aligned (the kernels use 16-byte vector loads)."""
-    if not tensor.is_contiguous() or tensor.data_ptr() % 16:
-        tensor = tensor.contiguous() if not tensor.is_contiguous() else tensor.clone()
-    return tensor
+    """Contiguous and 16-byte aligned."""
+    if not tensor.is_contiguous():
+        return tensor.contiguous()
+    return tensor.clone() if tensor.data_ptr() % 16 else tensor
 
 
-def _check_cuda(op: str, tensors: dict[str, torch.Tensor]) -> torch.device:
-    device = None
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{op}: {name}: expected a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cuda":
-            raise ValueError(f"{op}: {name}: must be a CUDA tensor, got device {tensor.device}")
-        if device is None:
-            device = tensor.device
-        elif tensor.device != device:
-            raise ValueError(f"{op}: {name}: on {tensor.device}, the other inputs are on {device}")
-    return device
+class _Plan:
+    """What a call with one static key needs: its XgoCall and the results to allocate."""
 
+    __slots__ = ("call", "call_address", "results")
 
-def _stream(device: torch.device) -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
-
-
-def simple_add_cuda(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a + b on the GPU (f32, f16, bf16; same shape and dtype; any size)."""
-    device = _check_cuda("simple_add", {"a": a, "b": b})
-    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
-    a, b = a.contiguous(), b.contiguous()
-    out = torch.empty_like(a, memory_format=torch.contiguous_format)
-    config = _library.simple_add_config(dtype_name(a.dtype), a.numel())
-    lib = _library.load()
-    with torch.cuda.device(device):
-        status = getattr(lib, SIMPLE_ADD.launch_symbol)(
-            ctypes.byref(config),
-            ctypes.c_void_p(a.data_ptr()),
-            ctypes.c_void_p(b.data_ptr()),
-            ctypes.c_void_p(out.data_ptr()),
-            _stream(device),
+    def __init__(self, op: ops.Op, tensors: list[torch.Tensor], attrs: tuple):
+        encoded = op.encode_attrs(op.split_schema_args([*tensors, *attrs])[1])
+        self.call = _library.make_call(
+            op, [t.shape for t in tensors], [dtype_name(t.dtype) for t in tensors], encoded
         )
-    _library.check_status(status, "simple_add")
-    return out
+        self.call_address = ctypes.addressof(self.call)
+        self.results = [
+            (spec.shape, TORCH_DTYPES[spec.dtype]) for spec in _library.describe(op, self.call)
+        ]
 
 
-def paged_attention_cuda(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_seqs: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> torch.Tensor:
-    """Ragged paged attention on the GPU (docs/DESIGN.md). Static checks only; no sync.
+def make_kernel(op: ops.Op):
+    """The CUDA kernel of torch.ops.xla_gpu.<op> (arguments in schema order)."""
+    num_operands = len(op.operands)
+    host_ok = tuple(i for i, o in enumerate(op.operands) if o.host_ok)
+    pack = _library.pointer_packer(num_operands + len(op.results))
+    plans: dict[tuple, _Plan] = {}
+    returned = op.returned
+    launch = None  # the library's launch entry, resolved on first use
 
-    num_seqs may live on the CPU (torch_ops allows it): it is copied to the query's device, since
-    the kernel reads it there.
-    """
-    if (
-        isinstance(num_seqs, torch.Tensor)
-        and num_seqs.device.type == "cpu"
-        and isinstance(query, torch.Tensor)
-        and query.device.type == "cuda"
-    ):
-        num_seqs = num_seqs.to(query.device)
-    tensors = dict(
-        zip(_PAGED_ARGS, (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
-            strict=True)
-    )  # fmt: skip
-    device = _check_cuda("paged_attention", tensors)
-    dims = paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
-    tensors = {name: _dense(t) for name, t in tensors.items()}
-    config = _library.paged_attention_config(
-        dims, dtype_name(query.dtype), scale, sliding_window, soft_cap
-    )
-    workspace_elems = _library.paged_attention_workspace_elems(config)
-    out = torch.empty(query.shape, dtype=query.dtype, device=device)
-    workspace = torch.empty(workspace_elems, dtype=torch.float32, device=device)
-    lib = _library.load()
-    with torch.cuda.device(device):
-        status = getattr(lib, PAGED_ATTENTION.launch_symbol)(
-            ctypes.byref(config),
-            *(ctypes.c_void_p(tensors[name].data_ptr()) for name in _PAGED_ARGS),
-            ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_void_p(workspace.data_ptr()),
-            ctypes.c_int64(workspace_elems),
-            _stream(device),
-        )
-    _library.check_status(status, "paged_attention")
-    return out
+    def kernel(*args):
+        nonlocal launch
+        tensors = list(args[:num_operands])
+        attrs = args[num_operands:]
+        device = tensors[0].device
+        for i in host_ok:  # e.g. num_seqs kept on the host by a serving loop
+            if tensors[i].device.type == "cpu" and device.type == "cuda":
+                tensors[i] = tensors[i].to(device, non_blocking=True)
+        for i, t in enumerate(tensors):
+            if t.device != device:
+                raise ValueError(
+                    f"{op.name}: {op.operands[i].name}: on {t.device}, "
+                    f"{op.operands[0].name} is on {device}"
+                )
+        key = (attrs, *[t.shape for t in tensors], *[t.dtype for t in tensors])
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = _Plan(op, tensors, attrs)
+            launch = _library.load().op(op).launch
+        for i, t in enumerate(tensors):
+            if not t.is_contiguous() or t.data_ptr() % 16:
+                tensors[i] = _dense(t)
+        results = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.results]
+        buffers = pack(*[t.data_ptr() for t in tensors], *[r.data_ptr() for r in results])
+        index = device.index
+        if torch._C._cuda_getDevice() == index:
+            status = launch(plan.call_address, buffers, torch._C._cuda_getCurrentRawStream(index))
+        else:
+            with torch.cuda.device(device):
+                stream = torch._C._cuda_getCurrentRawStream(index)
+                status = launch(plan.call_address, buffers, stream)
+        if status:
+            _library.load().raise_for_status(status)
+        return results[0] if returned == 1 else tuple(results[:returned])
+
+    return kernel

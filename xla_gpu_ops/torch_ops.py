@@ -1,180 +1,125 @@
-"""torch.ops.xla_gpu.*: schema once, per-device kernels, a fake impl, and keyword wrappers.
+"""torch.ops.xla_gpu.*: every op of the table (xla_gpu_ops.ops) defined once with torch.library,
+with per-device kernels, a fake kernel, and the public keyword wrappers.
 
-CPU runs the pure-PyTorch reference (the test oracle), CUDA the C launcher on the current stream
-(xla_gpu_ops.torch_cuda), XLA an XLA custom call (xla_gpu_ops.torch_xla), and the fake impl serves
-torch.compile / torch.export. Importing this module needs torch only.
+Kernels: CPU runs the pure-PyTorch reference (the test oracle) after the library's static and
+value checks; CUDA the library's launch on the current stream (torch_cuda); XLA an XLA custom call
+or its composite (torch_xla); the fake kernel serves torch.compile / torch.export. The ops are
+registered below the Python `custom_op` layers (torch.library.Library.impl): eager calls pay for
+one dispatch and the kernel, nothing else. Importing this module needs torch only.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from xla_gpu_ops import _validation, reference
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD
+from xla_gpu_ops import _library, ops, reference, torch_cuda, torch_xla
+from xla_gpu_ops.torch_cuda import dtype_name
 
-_METADATA_ARGS = ("context_lens", "block_tables", "query_start_loc", "num_seqs")
-_ALL_ARGS = ("query", "kv_cache", *_METADATA_ARGS)
+VALIDATE_ENV = "XLA_GPU_OPS_VALIDATE"  # "1": the public wrappers check metadata values by default
 
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+_LIBRARY = torch.library.Library(ops.NAMESPACE, "DEF")
 
 
-def check_paged_attention_tensors(
-    tensors: dict[str, torch.Tensor],
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> _validation.PagedAttentionDims:
-    """Static checks on torch tensors (types, devices, shapes, dtypes, attributes); reads no data."""
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"paged_attention: {name}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-    device_type = tensors["query"].device.type
-    for name, value in tensors.items():
-        if value.device.type != device_type and not (
-            name == "num_seqs" and value.device.type == "cpu"
-        ):
-            raise ValueError(
-                f"paged_attention: {name}: on device {value.device}, query is on {tensors['query'].device}"
-            )
-    return paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
+def _static_checks(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]):
+    """The library's static checks (TypeError / ValueError naming the argument) and its XgoCall;
+    None when a shape is symbolic (torch.compile with dynamic shapes: checked at run time)."""
+    shapes = [tuple(t.shape) for t in operands]
+    encoded = op.encode_attrs(attrs)
+    if not all(isinstance(d, int) for shape in shapes for d in shape):
+        return None
+    call = _library.make_call(op, shapes, [dtype_name(t.dtype) for t in operands], encoded)
+    _library.describe(op, call)
+    return call
 
 
-def paged_attention_static_dims(
-    tensors: dict[str, torch.Tensor],
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
-) -> _validation.PagedAttentionDims:
-    """Shapes, dtypes and attributes of torch tensors through the shared checks; reads no data.
-
-    Device rules differ per backend (CUDA, XLA) and stay with them; this part is the same.
-    """
-    return _validation.check_paged_attention_static(
-        {name: tuple(t.shape) for name, t in tensors.items()},
-        {name: dtype_name(t.dtype) for name, t in tensors.items()},
-        scale,
-        sliding_window,
-        soft_cap,
-    )
+def check_values(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]) -> None:
+    """The library's value checks (e.g. metadata in range) on host copies of the operands it
+    reads; a device-to-host copy (one sync) for device tensors."""
+    call = _static_checks(op, operands, attrs)
+    if call is None:
+        return
+    host = [
+        t.detach().to("cpu").contiguous() if operand.values_checked else None
+        for operand, t in zip(op.operands, operands, strict=True)
+    ]
+    _library.check_host_values(op, call, [None if t is None else t.data_ptr() for t in host])
 
 
-def check_paged_attention_metadata(
-    dims: _validation.PagedAttentionDims, tensors: dict[str, torch.Tensor]
-) -> None:
-    """Value checks on the metadata; copies it to the host (a sync for device tensors)."""
-    host = {name: tensors[name].detach().cpu().numpy() for name in _METADATA_ARGS}
-    _validation.check_paged_attention_metadata(dims, **host)
+def _define(op: ops.Op) -> None:
+    _LIBRARY.define(op.name + op.schema())
+
+    def cpu_kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        check_values(op, operands, attrs)  # host tensors: no sync involved
+        return getattr(reference, op.name)(*operands, **attrs)
+
+    def fake_kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        _static_checks(op, operands, attrs)
+        by_name = dict(zip(op.operand_names, operands, strict=True))
+        results = [torch.empty_like(by_name[name]) for name in op.result_like]
+        return results[0] if op.returned == 1 else tuple(results)
+
+    _LIBRARY.impl(op.name, cpu_kernel, "CPU")
+    _LIBRARY.impl(op.name, torch_cuda.make_kernel(op), "CUDA")
+    _LIBRARY.impl(op.name, torch_xla.make_kernel(op), "XLA")
+    torch.library.register_fake(op.qualname, fake_kernel, lib=_LIBRARY)
 
 
-# ---------------------------------------------------------------------------- simple_add
-@torch.library.custom_op(SIMPLE_ADD.torch_qualname, mutates_args=(), device_types="cpu")
-def simple_add_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
-    return reference.simple_add(a, b)
+for _op in ops.OPS:
+    _define(_op)
 
 
-@simple_add_op.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
-    return torch.empty_like(a)
+def _validation_requested(validate: bool | None) -> bool:
+    if validate is None:
+        return os.environ.get(VALIDATE_ENV, "") not in ("", "0")
+    return bool(validate)
 
 
-@simple_add_op.register_kernel("cuda")
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from xla_gpu_ops import torch_cuda
+def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
+    """Turns a hand-written declaration (signature + docstring) into the public wrapper: its
+    signature is checked against the table at import, and calls forward to torch.ops.xla_gpu.<op>
+    with the table's argument binding; `validate` adds the library's value checks."""
+    overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
 
-    return torch_cuda.simple_add_cuda(a, b)
+    def decorate(declared: Callable) -> Callable:
+        ops.public_signature(op, extra=("validate",))(declared)
 
+        @functools.wraps(declared)
+        def forward(*args, validate: bool | None = None, **kwargs):
+            operands, attrs = op.bind(args, kwargs)
+            for i, value in enumerate(operands):
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(
+                        f"{op.name}: {op.operands[i].name}: expected a torch.Tensor, "
+                        f"got {type(value).__name__}"
+                    )
+            # Reading values would sync a GPU, or break a graph under torch.compile / on XLA.
+            if (
+                not torch.compiler.is_compiling()
+                and _validation_requested(validate)
+                and operands[0].device.type in ("cpu", "cuda")
+            ):
+                check_values(op, operands, attrs)
+            return overload(*operands, *attrs.values())
 
-@simple_add_op.register_kernel("xla")
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from xla_gpu_ops import torch_xla
+        return forward
 
-    return torch_xla.simple_add_xla(a, b)
-
-
-# ---------------------------------------------------------------------------- paged_attention
-@torch.library.custom_op(PAGED_ATTENTION.torch_qualname, mutates_args=(), device_types="cpu")
-def paged_attention_op(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_seqs: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> torch.Tensor:
-    tensors = dict(
-        zip(
-            _ALL_ARGS,
-            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
-            strict=True,
-        )
-    )
-    dims = check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
-    check_paged_attention_metadata(dims, tensors)  # host tensors: no sync involved
-    return reference.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-        scale, sliding_window, soft_cap,
-    )  # fmt: skip
+    return decorate
 
 
-@paged_attention_op.register_fake
-def _(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-      sliding_window=None, soft_cap=None):  # fmt: skip
-    tensors = dict(
-        zip(
-            _ALL_ARGS,
-            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
-            strict=True,
-        )
-    )
-    check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
-    return torch.empty_like(query)
+@wrapper(ops.SIMPLE_ADD)
+def simple_add(a: torch.Tensor, b: torch.Tensor, *, validate: bool | None = None) -> torch.Tensor:
+    """a + b through the xla_gpu kernel of a's device (float32, float16 or bfloat16; same shape
+    and dtype), rounded once to the input dtype. `validate` has nothing to check here."""
 
 
-@paged_attention_op.register_kernel("cuda")
-def _(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-      sliding_window=None, soft_cap=None):  # fmt: skip
-    from xla_gpu_ops import torch_cuda
-
-    return torch_cuda.paged_attention_cuda(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-        scale, sliding_window, soft_cap,
-    )  # fmt: skip
-
-
-@paged_attention_op.register_kernel("xla")
-def _(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-      sliding_window=None, soft_cap=None):  # fmt: skip
-    from xla_gpu_ops import torch_xla
-
-    return torch_xla.paged_attention_xla(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-        scale, sliding_window, soft_cap,
-    )  # fmt: skip
-
-
-# ---------------------------------------------------------------------------- wrappers
-def simple_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a + b through the xla_gpu kernel of a's device (f32, f16, bf16; same shape and dtype)."""
-    for name, value in (("a", a), ("b", b)):
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"simple_add: {name}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-    if a.device != b.device:
-        raise ValueError(f"simple_add: b: on device {b.device}, a is on {a.device}")
-    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
-    return torch.ops.xla_gpu.simple_add(a, b)
-
-
+@wrapper(ops.PAGED_ATTENTION)
 def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -186,26 +131,20 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
-    validate: bool = True,
+    validate: bool | None = None,
 ) -> torch.Tensor:
-    """Ragged paged attention (torch_xla ragged_paged_attention semantics; docs/DESIGN.md).
+    """Ragged paged attention, torch_xla `ragged_paged_attention` semantics (docs/DESIGN.md).
 
-    Static checks always run (no sync). With `validate=True` the metadata values are checked on
-    the host too — one device-to-host copy for CUDA tensors; pass `validate=False` in hot loops
-    (the CUDA kernel then guards bad metadata with NaN rows). Skipped under torch.compile and on
-    XLA devices, where reading values would force a sync or break the graph.
+    query [T, Hq, D] (float32, float16 or bfloat16); kv_cache [P, page_size, 2*Hkv, D], K at even
+    and V at odd combined heads; context_lens int32 [S]; block_tables int32 [S, pages_per_seq];
+    query_start_loc int32 [S + 1]; num_seqs int32 [1] (may stay on the host). Returns out
+    [T, Hq, D]; rows at or past query_start_loc[num_seqs] are zero.
+
+    scale multiplies the logits; sliding_window (None: off) masks keys older than that many
+    positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap).
+
+    Static checks (shapes, dtypes, attributes) always run and never sync. validate=True (or
+    XLA_GPU_OPS_VALIDATE=1 when validate is None) also checks the metadata values on the host:
+    one device-to-host copy for CUDA tensors. Without it the CUDA kernels guard bad metadata
+    with NaN rows, never out-of-bounds reads. Skipped under torch.compile and on XLA devices.
     """
-    tensors = dict(
-        zip(
-            _ALL_ARGS,
-            (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs),
-            strict=True,
-        )
-    )
-    dims = check_paged_attention_tensors(tensors, scale, sliding_window, soft_cap)
-    if validate and query.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling():
-        check_paged_attention_metadata(dims, tensors)
-    return torch.ops.xla_gpu.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-        float(scale), sliding_window, None if soft_cap is None else float(soft_cap),
-    )  # fmt: skip

@@ -1,14 +1,14 @@
-"""torch_xla binding: the XLA-device kernels of torch.ops.xla_gpu.* (called by xla_gpu_ops.torch_ops).
+"""torch_xla binding: the XLA-device kernels of torch.ops.xla_gpu.* (registered by torch_ops).
 
 Two implementations, picked per call by `XLA_GPU_OPS_XLA_IMPL` (see `xla_impl`):
-- `custom_call`: one XLA custom call with the library's target, operands in the launcher's order
-  (query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs) and outputs
-  (out, float32 workspace). Typed FFI (api_version 4, attributes as an MLIR dictionary in
-  backend_config) or legacy (api_version 2, the packed config struct as the opaque), see
-  `custom_call_abi`.
-- `composite`: the same semantics as plain XLA ops (gather pages, masked softmax), for XLA devices
-  where no handler of ours can be registered (XLA:CPU and TPU under torch_xla 2.9). Pure tensor
-  ops with static shapes: no `.item()`, no host sync, so it lowers into the surrounding graph.
+- `custom_call`: one XLA custom call with the op's target, operands and results in the library's
+  order (xla_gpu_ops.ops; scratch results such as paged_attention's workspace included). Typed FFI
+  (api_version 4, attributes as an MLIR dictionary in backend_config) or legacy (api_version 2,
+  the XgoCall bytes as the opaque), see `custom_call_abi`.
+- `composite`: the same semantics as plain XLA ops (for paged_attention: gather pages, masked
+  softmax), for XLA devices where no handler of ours can be registered (XLA:CPU and TPU under
+  torch_xla 2.9). Pure tensor ops with static shapes: no `.item()`, no host sync, so it lowers into
+  the surrounding graph.
 
 Importing this module needs torch only; torch_xla is imported when a function runs.
 """
@@ -23,19 +23,16 @@ import os
 import numpy as np
 import torch
 
-from xla_gpu_ops import _library, _validation
-from xla_gpu_ops._registry import PAGED_ATTENTION, SIMPLE_ADD, OpSpec
-from xla_gpu_ops.torch_ops import dtype_name, paged_attention_static_dims
+from xla_gpu_ops import _library, ops
+from xla_gpu_ops.torch_cuda import TORCH_DTYPES, dtype_name
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
 IMPL_ENV = "XLA_GPU_OPS_XLA_IMPL"  # "custom_call" | "composite": override the implementation
 ABIS = ("ffi", "legacy")
 IMPLS = ("custom_call", "composite")
 API_VERSION = {"legacy": 2, "ffi": 4}  # XLA CustomCallApiVersion: STATUS_RETURNING, TYPED_FFI
-_FIRST_FFI_ONLY_VERSION = (
-    2,
-    9,
-)  # torch_xla < 2.9 registers legacy targets only (PJRT GPU extension)
+# torch_xla < 2.9 registers legacy targets only (PJRT GPU extension)
+_FIRST_FFI_ONLY_VERSION = (2, 9)
 
 
 # ---------------------------------------------------------------------------- runtime facts
@@ -117,14 +114,14 @@ def mlir_float(value: float) -> str:
     return mantissa + ("e" + exponent if exponent else "")
 
 
-def paged_attention_attributes(
-    scale: float, sliding_window: int | None, soft_cap: float | None
-) -> str:
-    """The typed-FFI attribute dictionary (0 disables sliding_window / soft_cap, as in c_api.h)."""
-    return (
-        f"{{scale = {mlir_float(scale)} : f32, sliding_window = {int(sliding_window or 0)} : i64, "
-        f"soft_cap = {mlir_float(soft_cap or 0.0)} : f32}}"
-    )
+def attributes_text(op: ops.Op, values: tuple[float | int, ...]) -> str:
+    """The typed-FFI attribute dictionary of a call, e.g. "{scale = 0.125 : f32, n = 0 : i64}"
+    (values as `Op.encode_attrs` gives them: None already turned into the off value)."""
+    items = [
+        f"{a.name} = {mlir_float(v)} : f32" if a.kind is float else f"{a.name} = {int(v)} : i64"
+        for a, v in zip(op.attrs, values, strict=True)
+    ]
+    return "{" + ", ".join(items) + "}"
 
 
 # ---------------------------------------------------------------------------- custom call
@@ -134,23 +131,20 @@ def config_digest(backend_config: bytes) -> int:
 
 
 def fold_config_into_cache_key(tensor: torch.Tensor, backend_config: bytes) -> torch.Tensor:
-    """The same values as `tensor` (shape [1]), in an IR node whose hash depends on backend_config.
+    """The same values as `tensor`, in an IR node whose hash depends on backend_config.
 
     torch_xla hashes a custom-call IR node by its target name and operands only, not by its
     backend_config (torch_xla/csrc/ops/custom_call.cpp, 2.7-2.9): two calls differing only in
     attributes (scale, ...) get the same graph hash, so the second reuses the executable compiled
-    for the first. roll's hash includes its shift, and rolling a size-1 dimension is the identity
-    (XLA simplifies it away), so the digest of the config rides on one operand.
+    for the first. roll's hash includes its shift, and rolling a new size-1 leading dimension is
+    the identity (XLA simplifies it away), so the digest of the config rides on one operand.
     """
-    if tuple(tensor.shape) != (1,):
-        raise ValueError(
-            f"fold_config_into_cache_key: needs a [1] tensor, got {tuple(tensor.shape)}"
-        )
-    return torch.roll(tensor, shifts=config_digest(backend_config), dims=0)
+    shift = config_digest(backend_config)
+    return torch.roll(tensor.unsqueeze(0), shifts=shift, dims=0).squeeze(0)
 
 
 def emit_custom_call(
-    op: OpSpec,
+    op: ops.Op,
     inputs: list[torch.Tensor],
     output_shapes: list[tuple[int, ...]],
     output_dtypes: list[torch.dtype],
@@ -168,82 +162,47 @@ def emit_custom_call(
     )  # fmt: skip
 
 
-# ---------------------------------------------------------------------------- simple_add
-def simple_add_xla(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a + b on an XLA device: custom call xla_gpu_simple_add, or plain XLA add (composite)."""
-    _validation.check_simple_add(a.shape, dtype_name(a.dtype), b.shape, dtype_name(b.dtype))
-    if a.device != b.device:
-        raise ValueError(f"simple_add: b: on device {b.device}, a is on {a.device}")
-    if xla_impl(a.device) == "composite":
-        return a + b
-    _prepare_runtime(a.device)
-    abi = custom_call_abi()
-    # No attributes: the typed handler reads shapes from its buffers; the legacy one from the opaque.
-    backend_config = (
-        "{}" if abi == "ffi" else bytes(_library.simple_add_config(dtype_name(a.dtype), a.numel()))
-    )
-    (out,) = emit_custom_call(SIMPLE_ADD, [a, b], [tuple(a.shape)], [a.dtype], abi, backend_config)
-    return out
+# ---------------------------------------------------------------------------- kernels
+def make_kernel(op: ops.Op):
+    """The XLA kernel of torch.ops.xla_gpu.<op> (arguments in schema order). Static checks run
+    here through the library (shapes, dtypes, attributes); values stay on the device."""
 
-
-# ---------------------------------------------------------------------------- paged_attention
-def paged_attention_xla(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_seqs: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> torch.Tensor:
-    """Ragged paged attention on an XLA device (semantics: docs/DESIGN.md). Returns out only.
-
-    Static checks run here (shapes, dtypes, attributes); metadata values stay on the device.
-    """
-    tensors = {"query": query, "kv_cache": kv_cache, "context_lens": context_lens,
-               "block_tables": block_tables, "query_start_loc": query_start_loc,
-               "num_seqs": num_seqs}  # fmt: skip
-    for name, value in tensors.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"paged_attention: {name}: expected a torch.Tensor, got {type(value).__name__}"
-            )
-    device = query.device
-    # num_seqs may come from the host (vLLM keeps it there); everything else must be on `device`.
-    if num_seqs.device != device and num_seqs.device.type == "cpu":
-        num_seqs = tensors["num_seqs"] = num_seqs.to(device)
-    for name, value in tensors.items():
-        if value.device != device:
-            raise ValueError(
-                f"paged_attention: {name}: on device {value.device}, query is on {device}"
-            )
-    query_dtype = dtype_name(query.dtype)
-    dims = paged_attention_static_dims(tensors, scale, sliding_window, soft_cap)
-    if xla_impl(device) == "composite":
-        return paged_attention_composite(
-            query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-            scale, sliding_window, soft_cap,
+    def kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        device = operands[0].device
+        for i, operand in enumerate(op.operands):
+            # e.g. num_seqs may come from the host (vLLM keeps it there)
+            if operand.host_ok and operands[i].device.type == "cpu":
+                operands[i] = operands[i].to(device)
+            if operands[i].device != device:
+                raise ValueError(
+                    f"{op.name}: {operand.name}: on device {operands[i].device}, "
+                    f"{op.operands[0].name} is on {device}"
+                )
+        encoded = op.encode_attrs(attrs)
+        call = _library.make_call(
+            op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], encoded
+        )
+        results = _library.describe(op, call)
+        if xla_impl(device) == "composite":
+            return COMPOSITES[op.name](*operands, **attrs)
+        _prepare_runtime(device)
+        abi = custom_call_abi()
+        backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
+        if op.attrs:
+            key = backend_config.encode() if abi == "ffi" else backend_config
+            operands[-1] = fold_config_into_cache_key(operands[-1], key)
+        outs = emit_custom_call(
+            op, operands, [r.shape for r in results], [TORCH_DTYPES[r.dtype] for r in results],
+            abi, backend_config,
         )  # fmt: skip
-    _prepare_runtime(device)
-    abi = custom_call_abi()
-    config = _library.paged_attention_config(dims, query_dtype, scale, sliding_window, soft_cap)
-    workspace_elems = _library.paged_attention_workspace_elems(config)
-    if abi == "ffi":
-        backend_config = paged_attention_attributes(scale, sliding_window, soft_cap)
-        key = backend_config.encode()
-    else:
-        backend_config = key = bytes(config)
-    out, _workspace = emit_custom_call(
-        PAGED_ATTENTION,
-        [query, kv_cache, context_lens, block_tables, query_start_loc,
-         fold_config_into_cache_key(num_seqs, key)],
-        [tuple(query.shape), (workspace_elems,)],
-        [query.dtype, torch.float32],
-        abi, backend_config,
-    )  # fmt: skip
-    return out
+        return outs[0] if op.returned == 1 else tuple(outs[: op.returned])
+
+    return kernel
+
+
+def simple_add_composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
 
 
 def paged_attention_composite(
@@ -309,3 +268,6 @@ def paged_attention_composite(
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(num_tokens, num_q_heads, head_dim)
     out = torch.where(valid_token[:, None, None], out, torch.zeros((), device=device))
     return out.to(query.dtype)
+
+
+COMPOSITES = {"simple_add": simple_add_composite, "paged_attention": paged_attention_composite}

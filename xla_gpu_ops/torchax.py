@@ -1,4 +1,4 @@
-"""torchax front end: lowers the torch ops `torch.ops.xla_gpu.*` to `xla_gpu_ops.jax`.
+"""torchax front end: lowers the torch ops `torch.ops.xla_gpu.*` to `xla_gpu_ops.jax.call`.
 
 A PyTorch program running under torchax then emits the same XLA custom calls as a JAX program
 (`xla_gpu_<op>`, typed FFI): the CUDA handler on a GPU, the host handler on XLA:CPU.
@@ -20,69 +20,42 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xla_gpu_ops._registry import NAMESPACE, OPS, PAGED_ATTENTION, SIMPLE_ADD, OpSpec
+import torch
+import torchax
+from torchax.ops import ops_registry
+
+import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from xla_gpu_ops import jax as xgo_jax
+from xla_gpu_ops import ops
 
 _register_lock = threading.Lock()
 
 
-def _simple_add_lowering(a: Any, b: Any) -> Any:
-    from xla_gpu_ops import jax as xgo_jax
+def _make_lowering(op: ops.Op) -> Callable[..., Any]:
+    def lowering(*args: Any, **kwargs: Any) -> Any:
+        # torchax hands over jax arrays for tensors and plain Python values for the scalars, in
+        # the positional/keyword form the caller used; the table binds them.
+        operands, attrs = op.bind(args, kwargs)
+        return xgo_jax.call(op, operands, attrs)
 
-    return xgo_jax.simple_add(a, b)
-
-
-def _paged_attention_lowering(
-    query: Any,
-    kv_cache: Any,
-    context_lens: Any,
-    block_tables: Any,
-    query_start_loc: Any,
-    num_seqs: Any,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> Any:
-    # torchax hands over jax arrays for tensors and plain Python values for the scalars, in the
-    # positional/keyword form the caller used; the torch schema already fixed their meaning.
-    from xla_gpu_ops import jax as xgo_jax
-
-    return xgo_jax.paged_attention(
-        query,
-        kv_cache,
-        context_lens,
-        block_tables,
-        query_start_loc,
-        num_seqs,
-        scale=scale,
-        sliding_window=sliding_window,
-        soft_cap=soft_cap,
-    )
+    lowering.__name__ = f"{op.name}_lowering"
+    return lowering
 
 
-LOWERINGS: dict[OpSpec, Callable[..., Any]] = {
-    SIMPLE_ADD: _simple_add_lowering,
-    PAGED_ATTENTION: _paged_attention_lowering,
-}
-assert set(LOWERINGS) == set(OPS), "every op in the op table needs a torchax lowering"
+LOWERINGS: dict[str, Callable[..., Any]] = {op.name: _make_lowering(op) for op in ops.OPS}
 
 
-def torch_overload(op: OpSpec):
-    """The `torch.ops.xla_gpu.<op>.default` overload (defining the torch ops if needed)."""
-    import torch
-
-    import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
-
-    return getattr(getattr(torch.ops, NAMESPACE), op.name).default
+def torch_overload(op: ops.Op | str):
+    """The `torch.ops.xla_gpu.<op>.default` overload."""
+    return getattr(getattr(torch.ops, ops.NAMESPACE), ops.get(op).name).default
 
 
 def is_registered() -> bool:
     """True when every op's lowering is in torchax's global op registry."""
-    from torchax.ops import ops_registry
-
     return all(
         (entry := ops_registry.all_aten_ops.get(torch_overload(op))) is not None
-        and entry.func is lowering
-        for op, lowering in LOWERINGS.items()
+        and entry.func is LOWERINGS[op.name]
+        for op in ops.OPS
     )
 
 
@@ -92,11 +65,9 @@ def register(*envs: Any) -> None:
     Also reloads the op table of torchax's default environment (if it already exists) and of each
     environment in `envs`, so the lowerings take effect there too.
     """
-    import torchax
-    from torchax.ops import ops_registry
-
     with _register_lock:
-        for op, lowering in LOWERINGS.items():
+        for op in ops.OPS:
+            lowering = LOWERINGS[op.name]
             overload = torch_overload(op)
             entry = ops_registry.all_aten_ops.get(overload)
             if entry is not None and entry.func is lowering:
@@ -104,16 +75,16 @@ def register(*envs: Any) -> None:
             # is_jax_function: torchax unwraps tensors to jax arrays before the call and wraps
             # the returned array back into a torchax tensor.
             ops_registry.register_torch_dispatch_op(overload, lowering, is_jax_function=True)
-        for env in (_existing_default_env(torchax), *envs):
+        for env in (_existing_default_env(), *envs):
             if env is not None:
                 env.load_ops()
 
 
-def _existing_default_env(torchax_module: Any) -> Any:
+def _existing_default_env() -> Any:
     """torchax's default environment if it was already created, else None (creating it here
     would start jax early). torchax 0.0.13 from PyPI keeps it in `_env`, older builds in `env`;
     if neither exists, create it, so the lowerings are never silently missing from it."""
     for name in ("_env", "env"):
-        if hasattr(torchax_module, name):
-            return getattr(torchax_module, name)
-    return torchax_module.default_env()
+        if hasattr(torchax, name):
+            return getattr(torchax, name)
+    return torchax.default_env()

@@ -32,8 +32,7 @@ import importlib.metadata
 import os
 from pathlib import Path
 
-from xla_gpu_ops import _library
-from xla_gpu_ops._registry import OPS
+from xla_gpu_ops import _library, ops
 
 DEVICE_TYPE = "CUDA"  # torch_xla's PJRT_DEVICE name for this plugin
 PLUGIN_DISTRIBUTION = "jax-cuda12-pjrt"
@@ -342,11 +341,11 @@ def register_legacy_targets() -> list[str]:
             "plugin: call xla_gpu_ops.xla_cuda.register_plugin() before the first XLA tensor "
             "(torch_xla would otherwise register into its own in-process XLA, which never runs them)"
         )
-    targets = [op.legacy_target for op in OPS]
+    targets = [op.legacy_target for op in ops.OPS]
     if _registered:
         return targets
-    for op in OPS:
-        capsule = _library.ffi_capsule(op, "cuda_legacy")
+    for op in ops.OPS:
+        capsule = _library.load().op(op).capsule("cuda_legacy")
         torch_xla._XLAC._xla_register_custom_call_target(op.legacy_target, capsule, DEVICE_TYPE)
     _registered = True
     return targets

@@ -1,11 +1,16 @@
-// Library-wide plumbing: ABI version, config sizes for the Python mirror, and the thread-local
-// last-error message (one per thread, so concurrent callers never see each other's errors).
+// Library-wide plumbing: the op table, dtype names, the thread-local last-error message (one per
+// thread, so concurrent callers never see each other's errors) and the shared check helpers.
 #include <cstdarg>
 #include <cstdio>
-#include <cstring>
+#include <string>
 
 #include "xla_gpu_ops/c_api.h"
+#include "xla_gpu_ops/op.h"
 #include "xla_gpu_ops/status.h"
+
+// Defined by XGO_DEFINE_OP in each op's .cc file.
+extern const XgoOpInfo kSimpleAddInfo;
+extern const XgoOpInfo kPagedAttentionInfo;
 
 namespace xgo {
 namespace {
@@ -16,6 +21,9 @@ thread_local char last_error[kMaxMessage] = "";
 void FormatLastError(const char* fmt, va_list args) {
   std::vsnprintf(last_error, kMaxMessage, fmt, args);
 }
+
+// The op list: adding an op adds a line here.
+const XgoOpInfo* const kOps[] = {&kSimpleAddInfo, &kPagedAttentionInfo};
 
 }  // namespace
 
@@ -36,18 +44,49 @@ int32_t Fail(XgoStatus status, const char* fmt, ...) {
 
 void ClearLastError() { last_error[0] = '\0'; }
 
+std::string Shape::Text() const {
+  std::string text = "(";
+  for (int i = 0; i < rank; ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  return text + (rank == 1 ? ",)" : ")");
+}
+
+int32_t CheckRank(const char* op, const char* argument, const Shape& shape, int rank) {
+  if (shape.rank == rank) return XGO_OK;
+  return Fail(XGO_INVALID_ARGUMENT, "%s: %s: expected rank %d, got shape %s", op, argument, rank,
+              shape.Text().c_str());
+}
+
+int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
+                       const char* other_name, const Shape& other) {
+  if (shape.dtype == other.dtype) return XGO_OK;
+  return Fail(XGO_INVALID_DTYPE, "%s: %s: dtype %s differs from %s's %s", op, argument,
+              DtypeText(shape.dtype).c_str(), other_name, DtypeText(other.dtype).c_str());
+}
+
 }  // namespace xgo
 
 extern "C" {
 
-XGO_EXPORT const char* xla_gpu_ops_last_error(void) { return xgo::last_error; }
-
 XGO_EXPORT int32_t xla_gpu_ops_abi_version(void) { return XGO_ABI_VERSION; }
 
-XGO_EXPORT int64_t xla_gpu_ops_config_size(const char* op_name) {
-  if (op_name == nullptr) return -1;
-  if (std::strcmp(op_name, "simple_add") == 0) return sizeof(XgoSimpleAddConfig);
-  if (std::strcmp(op_name, "paged_attention") == 0) return sizeof(XgoPagedAttentionConfig);
+XGO_EXPORT const XgoOpInfo* const* xla_gpu_ops_ops(int32_t* num_ops) {
+  if (num_ops != nullptr) *num_ops = static_cast<int32_t>(sizeof(xgo::kOps) / sizeof(xgo::kOps[0]));
+  return xgo::kOps;
+}
+
+XGO_EXPORT const char* xla_gpu_ops_dtype_name(int32_t dtype) { return xgo::DtypeName(dtype); }
+
+XGO_EXPORT const char* xla_gpu_ops_last_error(void) { return xgo::last_error; }
+
+XGO_EXPORT int64_t xla_gpu_ops_sizeof(const char* type_name) {
+  if (type_name == nullptr) return -1;
+  const std::string name = type_name;
+  if (name == "XgoCall") return sizeof(XgoCall);
+  if (name == "XgoResults") return sizeof(XgoResults);
+  if (name == "XgoOpInfo") return sizeof(XgoOpInfo);
   return -1;
 }
 

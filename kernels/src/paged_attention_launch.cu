@@ -1,7 +1,7 @@
-// paged_attention: the plain C launcher and the workspace sizing (c_api.h). Static checks, then
-// prep -> attention -> (merge) on the caller's stream; no sync, no allocation, metadata never read
-// on the host. The plan (tile shape, KV splits) comes from static shapes only
-// (paged_attention_params.cuh), so the workspace size is known when a graph is traced.
+// paged_attention: PagedAttention::Launch (paged_attention.h). The plan (paged_attention_params.cuh)
+// says which kernel path runs; this file enqueues it on the caller's stream: prep -> attention ->
+// (merge). No sync, no allocation, metadata never read on the host. The plan comes from static
+// shapes only, so the workspace size is known when a graph is traced.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,9 +15,10 @@
 #include <utility>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/config_check.h"
 #include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/dtypes.cuh"
 #include "xla_gpu_ops/launch_info.h"
+#include "xla_gpu_ops/paged_attention.h"
 #include "xla_gpu_ops/paged_attention_kernels.cuh"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 #include "xla_gpu_ops/paged_attention_prefill.cuh"
@@ -29,17 +30,6 @@ namespace {
 constexpr int64_t kMaxPrepBlocks = 1024;
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-#ifndef XGO_DECODE_MIN_WAVES
-#define XGO_DECODE_MIN_WAVES 1
-#endif
-#ifndef XGO_NO_PDL
-#define XGO_NO_PDL 0
-#endif
-
-#ifndef XGO_SPLIT_COST_MODEL
-#define XGO_SPLIT_COST_MODEL 1
-#endif
 
 // Fixed cost of one split block beyond its key tiles (start-up, epilogue, partial output and its
 // merge), in 64-key tiles: without it the fill rule alone chased a 0.3 % better fill with 37 splits
@@ -64,7 +54,7 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
 #endif
   const int64_t per_split =
       std::min<int64_t>(plan.num_q_tiles, params.num_tokens) * plan.num_head_blocks;
-  if (XGO_SPLIT_COST_MODEL && plan.tensor_cores && plan.row_warps == 1) {
+  if (plan.path == AttentionPath::kDecodeMma) {
     const int64_t capacity = static_cast<int64_t>(params.pages_per_seq) * params.page_size;
     const int64_t key_tiles = std::max<int64_t>(1, (capacity + kSplitCostTileKeys - 1) / kSplitCostTileKeys);
     int best = 1;
@@ -83,7 +73,6 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
   auto fill = [&](int splits) {
     const int64_t blocks = per_split * splits;
     const int64_t waves = (blocks + slots - 1) / slots;
-    if (waves < XGO_DECODE_MIN_WAVES && splits < plan.num_splits) return 0.0;
     return static_cast<double>(blocks) / static_cast<double>(waves * slots);
   };
   double best_fill = 0.0;
@@ -129,7 +118,7 @@ int32_t GetKernelLaunchInfo(const void* kernel, size_t smem_bytes, KernelLaunchI
   // would skip the wait), so both the device and the kernel's PTX target must be >= 9.0.
   cudaFuncAttributes attributes{};
   XGO_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const bool programmatic = major >= 9 && attributes.ptxVersion >= 90 && !XGO_NO_PDL;
+  const bool programmatic = major >= 9 && attributes.ptxVersion >= 90;
   KernelLaunchInfo computed{num_sms * blocks_per_sm, programmatic};
   cache.emplace(key, computed);
   *info = computed;
@@ -181,23 +170,22 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
   return XGO_OK;
 }
 
-// Runtime head_dim and tile shape -> compile-time kernel.
+// Runtime head_dim -> compile-time kernel, for the path the plan chose.
 template <typename T>
 int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
+  const bool decode = plan.path == AttentionPath::kDecodeMma;
 #define XGO_LAUNCH_MMA(D, RW)                                                               \
   return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
                          params, stream, /*programmatic=*/RW == 1)
-  const bool row_tiles = plan.row_warps == 4;
+  if (plan.path == AttentionPath::kPrefillMma) return LaunchPrefillAttention<T>(plan, params, stream);
   switch (params.head_dim) {
     case 64:
-      if (row_tiles) return LaunchPrefillAttention<T>(plan, params, stream);
       XGO_LAUNCH_MMA(64, 1);
     case 128:
-      if (row_tiles) return LaunchPrefillAttention<T>(plan, params, stream);
       XGO_LAUNCH_MMA(128, 1);
     case 256:
-      if (row_tiles) XGO_LAUNCH_MMA(256, 4);
+      if (!decode) XGO_LAUNCH_MMA(256, 4);
       XGO_LAUNCH_MMA(256, 1);
   }
 #undef XGO_LAUNCH_MMA
@@ -222,14 +210,14 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
               params.head_dim);
 }
 
-// Prefill tiles and f32: prep -> attention -> (merge). 16-row tensor-core (decode) tiles: the
-// attention kernel checks its own metadata (no prep launch on the critical path), then one
-// fill-or-merge kernel writes padding / NaN rows; both overlap their predecessor's tail through
-// programmatic dependent launch on sm_90+.
+// Prep -> attention -> (merge), except on the decode path: there the attention kernel checks its
+// own metadata (no prep launch on the critical path), then one fill-or-merge kernel writes
+// padding / NaN rows; both overlap their predecessor's tail through programmatic dependent
+// launch on sm_90+.
 template <typename T>
 int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                   cudaStream_t stream) {
-  const bool self_checked = sizeof(T) == 2 && plan.row_warps == 1;
+  const bool self_checked = plan.path == AttentionPath::kDecodeMma;
   if (!self_checked) {
     const int64_t prep_blocks =
         std::min<int64_t>(kMaxPrepBlocks, std::max(params.max_num_seqs, params.num_tokens));
@@ -239,7 +227,7 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
     XGO_CUDA_CHECK(cudaGetLastError());
   }
   int32_t status;
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (IsFloat32<T>) {
     status = LaunchFma(plan, params, stream);
   } else {
     status = LaunchMma<T>(plan, params, stream);
@@ -276,105 +264,33 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
   return XGO_OK;
 }
 
-// Static checks beyond config_check.h that only this kernel needs (32-bit indexing of tokens,
-// heads and pages; grid limits).
-int32_t CheckKernelLimits(const XgoPagedAttentionConfig& c, const PagedAttentionPlan& plan) {
-  if (c.num_tokens > INT32_MAX / 2) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_tokens %lld is too large",
-                static_cast<long long>(c.num_tokens));
-  }
-  if (c.max_num_seqs > INT32_MAX / 2) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: context_lens: %lld sequences is too many",
-                static_cast<long long>(c.max_num_seqs));
-  }
-  if (plan.num_head_blocks > 65535) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads %lld is too large",
-                static_cast<long long>(c.num_q_heads));
-  }
-  if (plan.page_check_chunks > 65535) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: block_tables: %lld pages per sequence is too many",
-                static_cast<long long>(c.pages_per_seq));
-  }
-  if (plan.short_splits > 0) {  // one 1-D grid: prefill tiles (one split) + short blocks
-    const int64_t tokens_per_tile = PrefillConfig<128>::kBlockRows / plan.heads_per_block;
-    const int64_t prefill_tiles = c.num_tokens / tokens_per_tile + c.max_num_seqs;
-    const int64_t blocks = (prefill_tiles + c.max_num_seqs * plan.short_splits) * plan.num_head_blocks;
-    if (blocks > INT32_MAX) {
-      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld blocks is too many",
-                  static_cast<long long>(blocks));
-    }
-  }
-  if (c.num_q_heads * c.head_dim > INT32_MAX) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: num_q_heads * head_dim too large");
-  }
-  return XGO_OK;
-}
-
 }  // namespace
-}  // namespace xgo
 
-extern "C" XGO_EXPORT int64_t
-xla_gpu_paged_attention_workspace_elems(const XgoPagedAttentionConfig* config) {
-  if (config == nullptr) {
-    xgo::SetLastError("paged_attention: config: is NULL");
-    return -1;
-  }
-  if (xgo::CheckPagedAttentionConfig(*config) != XGO_OK) return -1;
-  const xgo::PagedAttentionPlan plan = xgo::MakePagedAttentionPlan(*config);
-  if (xgo::CheckKernelLimits(*config, plan) != XGO_OK) return -1;
-  return plan.workspace_elems;
-}
-
-extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
-    const XgoPagedAttentionConfig* config, const void* query, const void* kv_cache,
-    const int32_t* context_lens, const int32_t* block_tables, const int32_t* query_start_loc,
-    const int32_t* num_seqs, void* out, float* workspace, int64_t workspace_elems,
-    void* cuda_stream) {
-  using xgo::Fail;
-  if (config == nullptr) return Fail(XGO_INVALID_ARGUMENT, "paged_attention: config: is NULL");
-  const XgoPagedAttentionConfig& c = *config;
-  if (const XgoStatus status = xgo::CheckPagedAttentionConfig(c); status != XGO_OK) return status;
-  const xgo::PagedAttentionPlan plan = xgo::MakePagedAttentionPlan(c);
-  if (const int32_t status = xgo::CheckKernelLimits(c, plan); status != XGO_OK) return status;
-  if (workspace_elems < plan.workspace_elems) {
-    return Fail(XGO_INVALID_ARGUMENT,
-                "paged_attention: workspace: needs %lld float32 elements, got %lld",
-                static_cast<long long>(plan.workspace_elems),
-                static_cast<long long>(workspace_elems));
-  }
+int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
+  const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
   if (c.num_tokens == 0) return XGO_OK;  // empty batch: no rows to write
-  struct Named {
-    const char* name;
-    const void* ptr;
-  };
-  const Named pointers[] = {{"query", query},
-                            {"kv_cache", kv_cache},
-                            {"context_lens", context_lens},
-                            {"block_tables", block_tables},
-                            {"query_start_loc", query_start_loc},
-                            {"num_seqs", num_seqs},
-                            {"out", out},
-                            {"workspace", workspace}};
-  for (const Named& arg : pointers) {
-    if (arg.ptr == nullptr) {
-      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", arg.name);
+  for (int i = 0; i <= kWorkspace; ++i) {
+    const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];
+    if (buffers[i] == nullptr) {
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", name);
     }
   }
   // 16-byte cp.async and vector stores need aligned rows (every row is a multiple of 16 bytes).
-  for (const Named& arg : {pointers[0], pointers[1], pointers[6], pointers[7]}) {
-    if (!xgo::Aligned16(arg.ptr)) {
-      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be 16-byte aligned", arg.name);
+  for (const int i : {int{kQuery}, int{kKvCache}, int{kOut}, int{kWorkspace}}) {
+    if (!Aligned16(buffers[i])) {
+      const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be 16-byte aligned", name);
     }
   }
-
-  xgo::PagedAttentionParams params{};
-  params.query = query;
-  params.kv_cache = kv_cache;
-  params.context_lens = context_lens;
-  params.block_tables = block_tables;
-  params.query_start_loc = query_start_loc;
-  params.num_seqs = num_seqs;
-  params.out = out;
+  float* workspace = static_cast<float*>(buffers[kWorkspace]);
+  PagedAttentionParams params{};
+  params.query = buffers[kQuery];
+  params.kv_cache = buffers[kKvCache];
+  params.context_lens = static_cast<const int32_t*>(buffers[kContextLens]);
+  params.block_tables = static_cast<const int32_t*>(buffers[kBlockTables]);
+  params.query_start_loc = static_cast<const int32_t*>(buffers[kQueryStartLoc]);
+  params.num_seqs = static_cast<const int32_t*>(buffers[kNumSeqs]);
+  params.out = buffers[kOut];
   params.flags = reinterpret_cast<int32_t*>(workspace);
   params.partial_lse = workspace + plan.lse_offset;
   params.partial_out = workspace + plan.out_offset;
@@ -382,7 +298,7 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   params.short_out = workspace + plan.short_out_offset;
   params.short_order = reinterpret_cast<int32_t*>(workspace + plan.short_order_offset);
   params.short_tokens = plan.short_tokens;
-  params.short_splits = xgo::ChooseShortSplits(plan);
+  params.short_splits = ChooseShortSplits(plan);
   params.num_tokens = static_cast<int>(c.num_tokens);
   params.num_q_heads = static_cast<int>(c.num_q_heads);
   params.num_kv_heads = static_cast<int>(c.num_kv_heads);
@@ -390,7 +306,7 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   // block_tables are int32, so no page past INT32_MAX can be named anyway.
   params.num_pages = static_cast<int>(std::min<int64_t>(c.num_pages, INT32_MAX));
   params.page_size = static_cast<int>(c.page_size);
-  params.page_size_div = xgo::MakeFastDivisor(params.page_size);
+  params.page_size_div = MakeFastDivisor(params.page_size);
   params.max_num_seqs = static_cast<int>(c.max_num_seqs);
   params.pages_per_seq = static_cast<int>(c.pages_per_seq);
   params.group_size = static_cast<int>(c.num_q_heads / c.num_kv_heads);
@@ -402,19 +318,12 @@ extern "C" XGO_EXPORT int32_t xla_gpu_paged_attention_launch(
   params.sliding_window = static_cast<int>(std::min<int64_t>(c.sliding_window, INT32_MAX));
   params.scale = c.scale;
   params.soft_cap = c.soft_cap;
-
-  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
-  switch (c.dtype) {
-    case XGO_F32:
-      return xgo::LaunchAll<float>(plan, params, stream);
-    case XGO_F16:
-      return xgo::LaunchAll<__half>(plan, params, stream);
-    case XGO_BF16:
-      return xgo::LaunchAll<__nv_bfloat16>(plan, params, stream);
-  }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: dtype code %d is not f32/f16/bf16",
-              c.dtype);
+  return DispatchCuda(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) {
+    return LaunchAll<typename decltype(type)::Type>(plan, params, stream);
+  });
 }
+
+}  // namespace xgo
 
 #if XGO_PHASE_TIMES
 // Diagnostic builds: copies the decode kernel's phase table ([8192][8] uint64, see RecordPhase)

@@ -1,5 +1,5 @@
-// simple_add: the plain C launcher (c_api.h). Static checks, then one grid-stride launch on the
-// caller's stream: the 16-byte vector kernel when a, b and out are 16-byte aligned, else scalar.
+// simple_add: SimpleAdd::Launch (simple_add.h): one grid-stride launch on the caller's stream,
+// the 16-byte vector kernel when a, b and out are 16-byte aligned, else the scalar one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,8 +8,9 @@
 #include <algorithm>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/config_check.h"
 #include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/dtypes.cuh"
+#include "xla_gpu_ops/simple_add.h"
 #include "xla_gpu_ops/simple_add_kernels.cuh"
 #include "xla_gpu_ops/status.h"
 
@@ -40,27 +41,20 @@ int32_t LaunchSimpleAdd(const void* a, const void* b, void* out, int64_t n, cuda
 }
 
 }  // namespace
-}  // namespace xgo
 
-extern "C" XGO_EXPORT int32_t xla_gpu_simple_add_launch(const XgoSimpleAddConfig* config,
-                                                        const void* a, const void* b, void* out,
-                                                        void* cuda_stream) {
-  if (config == nullptr) return xgo::Fail(XGO_INVALID_ARGUMENT, "simple_add: config: is NULL");
-  if (const XgoStatus status = xgo::CheckSimpleAddConfig(*config); status != XGO_OK) return status;
-  const int64_t n = config->num_elements;
+int32_t SimpleAdd::Launch(const Config& config, void* const* buffers, cudaStream_t stream) {
+  const int64_t n = config.num_elements;
   if (n == 0) return XGO_OK;  // nothing to launch
-  if (a == nullptr) return xgo::Fail(XGO_INVALID_ARGUMENT, "simple_add: a: pointer is NULL");
-  if (b == nullptr) return xgo::Fail(XGO_INVALID_ARGUMENT, "simple_add: b: pointer is NULL");
-  if (out == nullptr) return xgo::Fail(XGO_INVALID_ARGUMENT, "simple_add: out: pointer is NULL");
-  cudaStream_t stream = static_cast<cudaStream_t>(cuda_stream);
-  switch (config->dtype) {
-    case XGO_F32:
-      return xgo::LaunchSimpleAdd<float>(a, b, out, n, stream);
-    case XGO_F16:
-      return xgo::LaunchSimpleAdd<__half>(a, b, out, n, stream);
-    case XGO_BF16:
-      return xgo::LaunchSimpleAdd<__nv_bfloat16>(a, b, out, n, stream);
+  for (int i = 0; i <= kOut; ++i) {
+    if (buffers[i] == nullptr) {
+      return Fail(XGO_INVALID_ARGUMENT, "simple_add: %s: pointer is NULL",
+                  i < kOut ? kOperandNames[i] : kResultNames[0]);
+    }
   }
-  return xgo::Fail(XGO_INVALID_ARGUMENT, "simple_add: a: dtype code %d is not f32/f16/bf16",
-                   config->dtype);
+  return DispatchCuda(ComputeDtypes{}, config.dtype, "simple_add: a", [&](auto type) {
+    return LaunchSimpleAdd<typename decltype(type)::Type>(buffers[kA], buffers[kB], buffers[kOut],
+                                                          n, stream);
+  });
 }
+
+}  // namespace xgo

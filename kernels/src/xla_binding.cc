@@ -1,5 +1,6 @@
-// Shared pieces of the XLA bindings; see xla_gpu_ops/xla_binding.h.
-#include "xla_gpu_ops/xla_binding.h"
+// What the XLA bindings of every op share (op_binding.h): status -> FFI error, and failure
+// reporting for legacy (api_version 2) custom calls.
+#include "xla_gpu_ops/op_binding.h"
 
 #include <dlfcn.h>
 
@@ -14,17 +15,10 @@ namespace xgo {
 xla::ffi::Error ToFfiError(int32_t status) {
   if (status == XGO_OK) return xla::ffi::Error::Success();
   std::string message = xla_gpu_ops_last_error();
-  if (status == XGO_INVALID_ARGUMENT) return xla::ffi::Error::InvalidArgument(std::move(message));
-  return xla::ffi::Error::Internal(std::move(message));
-}
-
-std::string ShapeString(xla::ffi::AnyBuffer::Dimensions dims) {
-  std::string text = "(";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(dims[i]);
+  if (status == XGO_INVALID_ARGUMENT || status == XGO_INVALID_DTYPE) {
+    return xla::ffi::Error::InvalidArgument(std::move(message));
   }
-  return text + (dims.size() == 1 ? ",)" : ")");
+  return xla::ffi::Error::Internal(std::move(message));
 }
 
 // Legacy failure reporting.

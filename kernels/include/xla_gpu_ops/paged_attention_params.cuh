@@ -1,12 +1,14 @@
-// paged_attention: the kernel parameter POD, the launch plan (tile shape and KV split count,
-// derived from STATIC shapes only so the workspace size is known at trace time) and the
-// workspace layout. Shared by the kernels, the launcher and xla_gpu_paged_attention_workspace_elems.
+// paged_attention: the kernel parameter POD, the launch plan (which kernel path runs, tile shape
+// and KV split count, derived from STATIC shapes only so the workspace size is known at trace
+// time) and the workspace layout. Shared by the kernels, the launcher and Describe (which sizes
+// the workspace result). Plain C++: also compiled by the host compiler.
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
 #define XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
 
 #include <stdint.h>
 
 #include "xla_gpu_ops/c_api.h"
+#include "xla_gpu_ops/paged_attention.h"
 
 namespace xgo {
 
@@ -41,7 +43,20 @@ constexpr int kShortTargetBlocks = 4096;
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
 
+// Rows of a prefill tile (paged_attention_prefill.cuh asserts its PrefillConfig agrees).
+constexpr int kPrefillBlockRows = 128;
+
+// Which kernels a call runs; the one place that decides it.
+enum class AttentionPath {
+  kF32Fma,      // f32: prep -> exact-f32 FMA kernel -> merge
+  kDecodeMma,   // f16/bf16, decode-like: self-checking mma.sync kernel -> fill or merge
+  kPrefillMma,  // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
+                // region) -> merges
+  kRowsMma,     // f16/bf16, prefill-like, head_dim 256: prep -> 64-row mma.sync kernel -> merge
+};
+
 struct PagedAttentionPlan {
+  AttentionPath path;
   bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
   int row_warps;           // warps stacked over query rows (tensor-core kernel: 1 or 4)
   int block_rows;          // query rows (token x head pairs) per block
@@ -62,7 +77,7 @@ struct PagedAttentionPlan {
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& c) {
+inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) {
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
@@ -70,6 +85,13 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.
   const bool decode_like = c.num_tokens <= 2 * c.max_num_seqs;
   p.row_warps = (p.tensor_cores && !decode_like) ? 4 : 1;
+  if (!p.tensor_cores) {
+    p.path = AttentionPath::kF32Fma;
+  } else if (decode_like) {
+    p.path = AttentionPath::kDecodeMma;
+  } else {
+    p.path = c.head_dim <= 128 ? AttentionPath::kPrefillMma : AttentionPath::kRowsMma;
+  }
   p.block_rows = 16 * p.row_warps;
   int heads = 1;
   for (int h = 16; h >= 1; --h) {
@@ -105,7 +127,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const XgoPagedAttentionConfig& 
   p.short_tokens = 16 / heads;
   p.short_splits = 0;
   p.short_order_offset = p.short_lse_offset = p.short_out_offset = elems;
-  if (p.tensor_cores && p.row_warps == 4 && c.head_dim <= 128 && p.num_splits == 1) {
+  if (p.path == AttentionPath::kPrefillMma && p.num_splits == 1) {
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
     if (short_splits > by_length) short_splits = by_length;

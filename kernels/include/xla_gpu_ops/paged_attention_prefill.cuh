@@ -53,6 +53,7 @@ struct PrefillConfig {
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages
   static_assert(kThreads == kWarps * 32, "4 warps");
+  static_assert(kBlockRows == kPrefillBlockRows, "the plan and the grid limits assume 128 rows");
 };
 
 __device__ __forceinline__ float FastExp2(float x) {

@@ -1,145 +1,29 @@
-// Host (XLA:CPU) implementations of the ops: the typed FFI handlers registered for platform Host
-// call these. They read the metadata on the host (it is there already), so unlike the CUDA path
-// they fully validate it and fail with XGO_INVALID_ARGUMENT naming the argument.
+// paged_attention on the host: the XLA:CPU handler (RunHost) and the metadata-value checks
+// (CheckHostValues, also behind the eager wrapper's optional validation). The host has the
+// metadata in memory, so unlike the CUDA path it checks it fully and fails with
+// XGO_INVALID_ARGUMENT naming the argument.
 //
 // Numerics follow docs/DESIGN.md: products accumulated in f32, softmax in double, output
 // rounded once to the input dtype (round-to-nearest-even).
-#ifndef XLA_GPU_OPS_HOST_KERNELS_H_
-#define XLA_GPU_OPS_HOST_KERNELS_H_
-
 #include <stdint.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
-#include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/status.h"
+#include "xla_gpu_ops/host_types.h"
+#include "xla_gpu_ops/paged_attention.h"
 
 namespace xgo {
-namespace host {
+namespace {
 
-// ------------------------------------------------------------------ 16-bit float conversions
-// Written out (not _Float16 / __bf16) so any host compiler builds them with identical results.
+using host::DispatchHost;
 
-inline uint32_t FloatBits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-}
-
-inline float BitsToFloat(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-inline float Bf16ToFloat(uint16_t bf16) { return BitsToFloat(static_cast<uint32_t>(bf16) << 16); }
-
-inline uint16_t FloatToBf16(float value) {
-  const uint32_t bits = FloatBits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN stays NaN (quiet bit set)
-  }
-  // Round to nearest even on the 16 dropped bits; a carry into the exponent is correct (and
-  // rounds the largest finite values up to infinity exactly when they should).
-  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
-}
-
-inline float HalfToFloat(uint16_t half) {
-  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  uint32_t exponent = (half >> 10) & 0x1fu;
-  uint32_t mantissa = half & 0x3ffu;
-  if (exponent == 0x1fu) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));  // inf/NaN
-  if (exponent == 0) {
-    if (mantissa == 0) return BitsToFloat(sign);  // signed zero
-    // Subnormal half: mantissa * 2^-24 is exact in float.
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
-    return sign ? -magnitude : magnitude;
-  }
-  return BitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
-
-inline uint16_t FloatToHalf(float value) {
-  const uint32_t bits = FloatBits(value);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) {  // NaN: keep the top payload bits, force quiet
-    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
-  }
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (magnitude < 0x38800000u) {
-    // Below the smallest normal half (2^-14): the result is a multiple of 2^-24. Scaling by
-    // 2^24 is exact, and nearbyint rounds to nearest even in the default rounding mode.
-    const float scaled = BitsToFloat(magnitude) * 16777216.0f;
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(scaled)));
-  }
-  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to even.
-  const uint32_t rounded = magnitude + 0x0fffu + ((magnitude >> 13) & 1u);
-  return static_cast<uint16_t>(sign | ((rounded - (112u << 23)) >> 13));
-}
-
-// Element access by XgoDtype, so the kernels below are written once.
-struct F32 {
-  using Storage = float;
-  static float Load(float v) { return v; }
-  static float Store(float v) { return v; }
-};
-struct F16 {
-  using Storage = uint16_t;
-  static float Load(uint16_t v) { return HalfToFloat(v); }
-  static uint16_t Store(float v) { return FloatToHalf(v); }
-};
-struct BF16 {
-  using Storage = uint16_t;
-  static float Load(uint16_t v) { return Bf16ToFloat(v); }
-  static uint16_t Store(float v) { return FloatToBf16(v); }
-};
-
-// Calls fn(F32{}) / fn(F16{}) / fn(BF16{}) for the dtype code; an unknown code is an error.
-template <typename Fn>
-int32_t DispatchDtype(int32_t dtype, const char* op, Fn&& fn) {
-  switch (dtype) {
-    case XGO_F32:
-      return fn(F32{});
-    case XGO_F16:
-      return fn(F16{});
-    case XGO_BF16:
-      return fn(BF16{});
-  }
-  return Fail(XGO_INVALID_ARGUMENT, "%s: dtype code %d is not f32/f16/bf16", op, dtype);
-}
-
-// ------------------------------------------------------------------ simple_add
-// The sum is formed in f32 and rounded once: for f16/bf16 inputs this equals the correctly
-// rounded sum (f32 has more than 2p+2 bits, so the double rounding is innocuous).
-inline int32_t SimpleAdd(const XgoSimpleAddConfig& config, const void* a, const void* b,
-                         void* out) {
-  return DispatchDtype(config.dtype, "simple_add", [&](auto type) -> int32_t {
-    using T = decltype(type);
-    using S = typename T::Storage;
-    const S* lhs = static_cast<const S*>(a);
-    const S* rhs = static_cast<const S*>(b);
-    S* sum = static_cast<S*>(out);
-    for (int64_t i = 0; i < config.num_elements; ++i) {
-      sum[i] = T::Store(T::Load(lhs[i]) + T::Load(rhs[i]));
-    }
-    return XGO_OK;
-  });
-}
-
-// ------------------------------------------------------------------ paged_attention
-
-// Checks the metadata values against the static config (the rules of
-// xla_gpu_ops._validation.check_paged_attention_metadata). XGO_OK or XGO_INVALID_ARGUMENT.
-inline int32_t CheckPagedAttentionMetadata(const XgoPagedAttentionConfig& c,
-                                           const int32_t* context_lens,
-                                           const int32_t* block_tables,
-                                           const int32_t* query_start_loc,
-                                           const int32_t* num_seqs) {
+// The metadata rules the CUDA kernels guard with NaN rows (docs/DESIGN.md, "Bad input").
+int32_t CheckMetadata(const PagedAttentionConfig& c, const int32_t* context_lens,
+                      const int32_t* block_tables, const int32_t* query_start_loc,
+                      const int32_t* num_seqs) {
   const int64_t n = num_seqs[0];
   if (n < 0 || n > c.max_num_seqs) {
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: num_seqs: %lld is outside [0, %lld]",
@@ -194,18 +78,12 @@ inline int32_t CheckPagedAttentionMetadata(const XgoPagedAttentionConfig& c,
   return XGO_OK;
 }
 
-// out = ragged paged attention (docs/DESIGN.md). The config must already have passed
-// CheckPagedAttentionConfig; the metadata is checked here.
-inline int32_t PagedAttention(const XgoPagedAttentionConfig& c, const void* query,
-                              const void* kv_cache, const int32_t* context_lens,
-                              const int32_t* block_tables, const int32_t* query_start_loc,
-                              const int32_t* num_seqs, void* out) {
-  if (int32_t status =
-          CheckPagedAttentionMetadata(c, context_lens, block_tables, query_start_loc, num_seqs);
-      status != XGO_OK) {
-    return status;
-  }
-  return DispatchDtype(c.dtype, "paged_attention", [&](auto type) -> int32_t {
+// out = ragged paged attention (docs/DESIGN.md), metadata checked first.
+int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
+                  const int32_t* context_lens, const int32_t* block_tables,
+                  const int32_t* query_start_loc, const int32_t* num_seqs, void* out) {
+  XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
+  return DispatchHost(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
     using T = decltype(type);
     using S = typename T::Storage;
     const S* q_data = static_cast<const S*>(query);
@@ -283,7 +161,26 @@ inline int32_t PagedAttention(const XgoPagedAttentionConfig& c, const void* quer
   });
 }
 
-}  // namespace host
-}  // namespace xgo
+}  // namespace
 
-#endif  // XLA_GPU_OPS_HOST_KERNELS_H_
+int32_t PagedAttention::CheckHostValues(const Config& c, const void* const* operands) {
+  for (int i = kContextLens; i <= kNumSeqs; ++i) {
+    if (operands[i] == nullptr) {
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", kOperandNames[i]);
+    }
+  }
+  return CheckMetadata(c, static_cast<const int32_t*>(operands[kContextLens]),
+                       static_cast<const int32_t*>(operands[kBlockTables]),
+                       static_cast<const int32_t*>(operands[kQueryStartLoc]),
+                       static_cast<const int32_t*>(operands[kNumSeqs]));
+}
+
+int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
+  return Attention(c, buffers[kQuery], buffers[kKvCache],
+                   static_cast<const int32_t*>(buffers[kContextLens]),
+                   static_cast<const int32_t*>(buffers[kBlockTables]),
+                   static_cast<const int32_t*>(buffers[kQueryStartLoc]),
+                   static_cast<const int32_t*>(buffers[kNumSeqs]), buffers[kOut]);
+}
+
+}  // namespace xgo

@@ -1,0 +1,102 @@
+// What every op shares, whatever front end calls it: the shapes of a call's operands as the
+// static checks see them, attribute specs, and helpers whose messages name the argument.
+//
+// An op is a struct (see simple_add.h, paged_attention.h) with
+//   kName, kOperandNames, kResultNames         names (std::array), in the order of every ABI
+//   Attrs, kAttrs                              attribute struct and its (name, type, offset) list
+//   Config                                     everything static a launch needs
+//   Describe(const OpCall<Op>&, Config*, XgoResults*)   static checks + result shapes
+//   Launch(const Config&, void* const* buffers, cudaStream_t)   GPU
+//   RunHost(const Config&, void* const* buffers)   XLA:CPU handler
+//   CheckHostValues(const Config&, const void* const* operands)   value checks, host copies
+// op_binding.h turns such a struct into the entries of the library's op table.
+#ifndef XLA_GPU_OPS_OP_H_
+#define XLA_GPU_OPS_OP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <array>
+#include <string>
+
+#include "xla_gpu_ops/c_api.h"
+#include "xla_gpu_ops/dtypes.h"
+#include "xla_gpu_ops/status.h"
+
+namespace xgo {
+
+struct AttrSpec {
+  const char* name;
+  XgoAttrType type;
+  size_t offset;  // of the member in Op::Attrs (float for F32, int64_t for I64)
+};
+
+// One operand as the static checks see it (no data).
+struct Shape {
+  int32_t dtype = -1;
+  int rank = 0;
+  int64_t dims[XGO_MAX_RANK] = {};
+
+  int64_t elements() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[i];
+    return n;
+  }
+  bool SameDims(const Shape& other) const {
+    if (rank != other.rank) return false;
+    for (int i = 0; i < rank; ++i) {
+      if (dims[i] != other.dims[i]) return false;
+    }
+    return true;
+  }
+  std::string Text() const;  // "(2, 3, 4)", "(5,)"
+};
+
+inline XgoShape ToXgoShape(const Shape& shape) {
+  XgoShape out{};
+  out.dtype = shape.dtype;
+  out.rank = shape.rank;
+  for (int i = 0; i < shape.rank; ++i) out.dims[i] = shape.dims[i];
+  return out;
+}
+
+template <typename Op>
+constexpr int NumOperands() {
+  return static_cast<int>(Op::kOperandNames.size());
+}
+template <typename Op>
+constexpr int NumResults() {
+  return static_cast<int>(Op::kResultNames.size());
+}
+template <typename Op>
+constexpr int NumAttrs() {
+  return static_cast<int>(Op::kAttrs.size());
+}
+
+template <typename Op>
+struct OpCall {
+  Shape operands[NumOperands<Op>()];
+  typename Op::Attrs attrs{};
+};
+
+// Check helpers: XGO_OK, or the status with the last error "<op>: <argument>: <what>".
+int32_t CheckRank(const char* op, const char* argument, const Shape& shape, int rank);
+// shape.dtype in Set, else XGO_INVALID_DTYPE naming the accepted types.
+template <typename Set>
+int32_t CheckDtype(const char* op, const char* argument, const Shape& shape, Set) {
+  if (Set::Contains(shape.dtype)) return XGO_OK;
+  return Fail(XGO_INVALID_DTYPE, "%s: %s: dtype %s is not %s", op, argument,
+              DtypeText(shape.dtype).c_str(), Set::Names().c_str());
+}
+int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
+                       const char* other_name, const Shape& other);
+
+#define XGO_RETURN_IF_FAILED(expr)                              \
+  do {                                                          \
+    if (const int32_t xgo_status_ = (expr); xgo_status_ != XGO_OK) \
+      return xgo_status_;                                       \
+  } while (0)
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_OP_H_

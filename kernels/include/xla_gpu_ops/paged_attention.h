@@ -1,0 +1,73 @@
+// paged_attention: ragged paged attention with torch_xla `ragged_paged_attention` semantics
+// (docs/DESIGN.md). The op struct of op.h; Describe in paged_attention.cc, Launch in
+// paged_attention_launch.cu, RunHost and CheckHostValues in paged_attention_host.cc.
+//
+//   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
+//   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype (K even, V odd)
+//   context_lens    int32 [max_num_seqs]
+//   block_tables    int32 [max_num_seqs, pages_per_seq]
+//   query_start_loc int32 [max_num_seqs + 1]
+//   num_seqs        int32 [1]
+//   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
+//   workspace       float32 [plan.workspace_elems]: scratch, sized from static shapes only
+// Attributes: scale (f32), sliding_window (i64, 0 = none), soft_cap (f32, 0 = none).
+// Metadata values live on the device and are never read by the host on the GPU path: the
+// kernels guard them (NaN rows); CheckHostValues checks them on host copies.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_H_
+#define XLA_GPU_OPS_PAGED_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <array>
+
+#include "xla_gpu_ops/op.h"
+
+namespace xgo {
+
+// Everything static a launch needs: dims from the operand shapes, dtypes, attributes.
+struct PagedAttentionConfig {
+  int32_t dtype;     // query, out
+  int32_t kv_dtype;  // kv_cache
+  int64_t num_tokens;
+  int64_t num_q_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t num_pages;
+  int64_t page_size;
+  int64_t max_num_seqs;
+  int64_t pages_per_seq;
+  int64_t sliding_window;  // 0: no window
+  float scale;
+  float soft_cap;  // 0: no cap
+};
+
+struct PagedAttention {
+  static constexpr const char* kName = "paged_attention";
+  enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs };
+  static constexpr std::array<const char*, 6> kOperandNames = {
+      "query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs"};
+  enum { kOut = 6, kWorkspace = 7 };  // buffer indices: results follow the operands
+  static constexpr std::array<const char*, 2> kResultNames = {"out", "workspace"};
+  struct Attrs {
+    float scale;
+    int64_t sliding_window;
+    float soft_cap;
+  };
+  static constexpr std::array<AttrSpec, 3> kAttrs = {{
+      {"scale", XGO_ATTR_F32, offsetof(Attrs, scale)},
+      {"sliding_window", XGO_ATTR_I64, offsetof(Attrs, sliding_window)},
+      {"soft_cap", XGO_ATTR_F32, offsetof(Attrs, soft_cap)},
+  }};
+  using Config = PagedAttentionConfig;
+
+  static int32_t Describe(const OpCall<PagedAttention>& call, Config* config, XgoResults* results);
+  static int32_t Launch(const Config& config, void* const* buffers, cudaStream_t stream);
+  static int32_t RunHost(const Config& config, void* const* buffers);
+  static int32_t CheckHostValues(const Config& config, const void* const* operands);
+};
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_H_

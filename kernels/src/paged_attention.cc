@@ -1,0 +1,162 @@
+// paged_attention: the static checks of a call and its entry in the op table. Every entry point
+// (eager launch, typed FFI on CUDA and Host, legacy custom call) runs this Describe first, so they
+// accept and reject the same calls with the same words.
+#include "xla_gpu_ops/paged_attention.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "xla_gpu_ops/op_binding.h"
+#include "xla_gpu_ops/paged_attention_params.cuh"
+
+namespace xgo {
+namespace {
+
+constexpr const char* kOp = "paged_attention";
+constexpr int64_t kMaxPageSize = 128;
+
+bool IsSupportedHeadDim(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+int32_t Invalid(const char* argument, const char* what, long long value) {
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: %s, got %lld", argument, what, value);
+}
+
+// Limits of this kernel beyond the op's semantics: 32-bit indexing of tokens, heads and pages,
+// and grid sizes.
+int32_t CheckKernelLimits(const PagedAttentionConfig& c, const PagedAttentionPlan& plan) {
+  if (c.num_tokens > INT32_MAX / 2) {
+    return Invalid("query", "num_tokens is too large", c.num_tokens);
+  }
+  if (c.max_num_seqs > INT32_MAX / 2) {
+    return Invalid("context_lens", "too many sequence slots", c.max_num_seqs);
+  }
+  if (plan.num_head_blocks > 65535) {
+    return Invalid("query", "num_q_heads is too large", c.num_q_heads);
+  }
+  if (plan.page_check_chunks > 65535) {
+    return Invalid("block_tables", "too many pages per sequence", c.pages_per_seq);
+  }
+  if (plan.short_splits > 0) {  // one 1-D grid: prefill tiles (one split) + short blocks
+    const int64_t tokens_per_tile = kPrefillBlockRows / plan.heads_per_block;
+    const int64_t prefill_tiles = c.num_tokens / tokens_per_tile + c.max_num_seqs;
+    const int64_t blocks =
+        (prefill_tiles + c.max_num_seqs * plan.short_splits) * plan.num_head_blocks;
+    if (blocks > INT32_MAX) return Invalid("query", "too many blocks", blocks);
+  }
+  if (c.num_q_heads * c.head_dim > INT32_MAX) {
+    return Invalid("query", "num_q_heads * head_dim is too large", c.num_q_heads * c.head_dim);
+  }
+  return XGO_OK;
+}
+
+}  // namespace
+
+int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* config,
+                                 XgoResults* results) {
+  const Shape& query = call.operands[kQuery];
+  const Shape& kv_cache = call.operands[kKvCache];
+  const Shape& context_lens = call.operands[kContextLens];
+  const Shape& block_tables = call.operands[kBlockTables];
+  const Shape& query_start_loc = call.operands[kQueryStartLoc];
+  const Shape& num_seqs = call.operands[kNumSeqs];
+  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1};
+  for (int i = 0; i < static_cast<int>(kOperandNames.size()); ++i) {
+    XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
+  }
+  XGO_RETURN_IF_FAILED(CheckDtype(kOp, "query", query, ComputeDtypes{}));
+  XGO_RETURN_IF_FAILED(CheckSameDtype(kOp, "kv_cache", kv_cache, "query", query));
+  for (int i = kContextLens; i <= kNumSeqs; ++i) {
+    XGO_RETURN_IF_FAILED(CheckDtype(kOp, kOperandNames[i], call.operands[i], DtypeSet<XGO_S32>{}));
+  }
+  const int64_t head_dim = query.dims[2];
+  if (kv_cache.dims[3] != head_dim) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
+                static_cast<long long>(kv_cache.dims[3]), static_cast<long long>(head_dim));
+  }
+  if (kv_cache.dims[2] <= 0 || kv_cache.dims[2] % 2 != 0) {
+    return Invalid("kv_cache", "dim 2 must be 2 * num_kv_heads (K and V interleaved)",
+                   kv_cache.dims[2]);
+  }
+  const int64_t max_num_seqs = context_lens.dims[0];
+  if (block_tables.dims[0] != max_num_seqs) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: block_tables: dim 0 is %lld, context_lens has %lld",
+                static_cast<long long>(block_tables.dims[0]), static_cast<long long>(max_num_seqs));
+  }
+  if (query_start_loc.dims[0] != max_num_seqs + 1) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query_start_loc: shape must be (%lld,), got %s",
+                static_cast<long long>(max_num_seqs + 1), query_start_loc.Text().c_str());
+  }
+  if (num_seqs.dims[0] != 1) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: num_seqs: shape must be (1,), got %s",
+                num_seqs.Text().c_str());
+  }
+  Config& c = *config;
+  c = Config{};
+  c.dtype = query.dtype;
+  c.kv_dtype = kv_cache.dtype;
+  c.num_tokens = query.dims[0];
+  c.num_q_heads = query.dims[1];
+  c.head_dim = head_dim;
+  c.num_pages = kv_cache.dims[0];
+  c.page_size = kv_cache.dims[1];
+  c.num_kv_heads = kv_cache.dims[2] / 2;
+  c.max_num_seqs = max_num_seqs;
+  c.pages_per_seq = block_tables.dims[1];
+  c.sliding_window = call.attrs.sliding_window;
+  c.scale = call.attrs.scale;
+  c.soft_cap = call.attrs.soft_cap;
+
+  // num_tokens may be 0 (an empty batch launches nothing); every other dim must be positive.
+  if (c.num_tokens < 0) return Invalid("query", "num_tokens must be >= 0", c.num_tokens);
+  if (c.num_q_heads <= 0) return Invalid("query", "num_q_heads must be positive", c.num_q_heads);
+  if (!IsSupportedHeadDim(c.head_dim)) {
+    return Invalid("query", "head_dim must be 64, 128 or 256", c.head_dim);
+  }
+  if (c.num_q_heads % c.num_kv_heads != 0) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: query: num_q_heads %lld is not a multiple of num_kv_heads %lld",
+                static_cast<long long>(c.num_q_heads), static_cast<long long>(c.num_kv_heads));
+  }
+  if (c.num_pages <= 0) return Invalid("kv_cache", "needs at least one page", c.num_pages);
+  if (c.page_size < 1 || c.page_size > kMaxPageSize) {
+    return Invalid("kv_cache", "page_size must be in [1, 128]", c.page_size);
+  }
+  if (c.max_num_seqs <= 0) {
+    return Invalid("context_lens", "needs at least one sequence slot", c.max_num_seqs);
+  }
+  if (c.pages_per_seq <= 0) {
+    return Invalid("block_tables", "needs at least one page per sequence", c.pages_per_seq);
+  }
+  // context_lens are int32: a capacity beyond that could never be addressed consistently.
+  if (c.pages_per_seq > INT32_MAX / c.page_size) {
+    return Invalid("block_tables", "pages_per_seq * page_size must fit in int32", c.pages_per_seq);
+  }
+  if (c.sliding_window < 0) {
+    return Invalid("sliding_window", "must be >= 0 (0 disables it)", c.sliding_window);
+  }
+  if (!std::isfinite(c.soft_cap) || c.soft_cap < 0.0f) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: soft_cap: must be finite and >= 0 (0 disables it), got %g",
+                static_cast<double>(c.soft_cap));
+  }
+  if (!std::isfinite(c.scale)) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: scale: must be finite, got %g",
+                static_cast<double>(c.scale));
+  }
+  const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
+  XGO_RETURN_IF_FAILED(CheckKernelLimits(c, plan));
+
+  results->results[0] = ToXgoShape(query);
+  XgoShape& workspace = results->results[1];
+  workspace.dtype = XGO_F32;
+  workspace.rank = 1;
+  workspace.dims[0] = plan.workspace_elems;
+  return XGO_OK;
+}
+
+}  // namespace xgo
+
+using xgo::PagedAttention;
+XGO_DEFINE_OP(PagedAttention, kPagedAttentionInfo);

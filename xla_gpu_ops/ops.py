@@ -1,0 +1,294 @@
+"""The op table: every op of the library, named once, with its operands, attributes and results.
+
+Everything else derives from it: the torch.library schema and kernels (torch_ops), the JAX
+`ffi_call` (jax), the torchax lowering (torchax), the torch_xla custom call (torch_xla), the
+XgoCall the library reads (_library), the HLO tool's sample calls (hlo) and the XLA targets.
+The library exports its own table (c_api.h); `_library.load` checks that the two agree.
+
+Importing this module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+NAMESPACE = "xla_gpu"
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    rank: int
+    dtypes: str  # the rule, for docs: "float32, float16 or bfloat16", "int32", "query's"
+    doc: str  # the dims, e.g. "[T, Hq, D]"
+    host_ok: bool = False  # eager torch: may be a host tensor, copied to the device per call
+    # Values the library's check_host_values reads (metadata the GPU path only guards); the
+    # optional eager validation copies just these to the host.
+    values_checked: bool = False
+
+
+@dataclass(frozen=True)
+class Attr:
+    """A static attribute. `off` is what the library reads when the user passes None
+    (None turns the feature off); attributes without an `off` value cannot be None."""
+
+    name: str
+    kind: type  # float or int
+    doc: str
+    default: Any = REQUIRED
+    off: float | int | None = None
+
+    def encode(self, op: str, value: Any) -> float | int:
+        """The value the library reads; TypeError / ValueError naming the attribute."""
+        if value is None:
+            if self.off is None:
+                raise TypeError(f"{op}: {self.name}: must be a {self.kind.__name__}, got None")
+            return self.off
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{op}: {self.name}: must be a static Python {self.kind.__name__}"
+                f"{' or None' if self.off is not None else ''}, got {value!r} "
+                "(under jax.jit pass it through static_argnames or functools.partial)"
+            )
+        if self.kind is int:
+            if not isinstance(value, numbers.Integral):
+                raise TypeError(f"{op}: {self.name}: must be an int, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"{op}: {self.name}: must be finite, got {value!r}")
+        if self.off is not None and value <= self.off:
+            # The off value itself would silently mean "off": only None says that.
+            raise ValueError(f"{op}: {self.name}: must be > {self.off} or None, got {value!r}")
+        return value
+
+    @property
+    def schema_type(self) -> str:
+        base = "float" if self.kind is float else "int"
+        return base + ("?" if self.off is not None else "")
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    operands: tuple[Operand, ...]
+    attrs: tuple[Attr, ...]
+    # Results in the library's order. The first `returned` are the op's outputs; the rest are
+    # scratch space the library sizes (the CUDA handlers never allocate) and callers drop.
+    results: tuple[str, ...]
+    # Each returned result has the shape and dtype of this operand (the fake / meta kernels).
+    result_like: tuple[str, ...]
+    doc: str
+    # jax.ffi vmap_method: "broadcast_all" for elementwise ops, "sequential" otherwise.
+    vmap_method: str = "sequential"
+    sample: Callable[[bool], dict[str, np.ndarray]] | None = field(default=None, compare=False)
+    sample_attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ derived names
+    @property
+    def ffi_target(self) -> str:
+        """Typed FFI custom-call target (api_version 4), registered for CUDA and Host."""
+        return f"{NAMESPACE}_{self.name}"
+
+    @property
+    def legacy_target(self) -> str:
+        """Legacy status-returning target (api_version 2), CUDA only."""
+        return f"{NAMESPACE}_{self.name}_legacy"
+
+    @property
+    def qualname(self) -> str:
+        """torch.library name, e.g. xla_gpu::paged_attention."""
+        return f"{NAMESPACE}::{self.name}"
+
+    @property
+    def operand_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.operands)
+
+    @property
+    def attr_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.attrs)
+
+    @property
+    def returned(self) -> int:
+        return len(self.result_like)
+
+    def schema(self) -> str:
+        """The torch.library schema, e.g. "(Tensor query, ..., float scale, int? w=None) -> Tensor"."""
+        params = [f"Tensor {o.name}" for o in self.operands]
+        for a in self.attrs:
+            default = "" if a.default is REQUIRED else f"={a.default!r}"
+            params.append(f"{a.schema_type} {a.name}{default}")
+        returns = "Tensor" if self.returned == 1 else f"({', '.join(['Tensor'] * self.returned)})"
+        return f"({', '.join(params)}) -> {returns}"
+
+    # ------------------------------------------------------------------ calls
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:
+        """(operands in table order, {attribute: value}) from a call's arguments, as Python
+        binds them; TypeError naming a missing, unknown or repeated argument."""
+        names = self.operand_names + self.attr_names
+        if len(args) > len(names):
+            raise TypeError(f"{self.name}: takes {len(names)} arguments, got {len(args)}")
+        bound = dict(zip(names, args, strict=False))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise TypeError(f"{self.name}: unexpected argument {key!r}")
+            if key in bound:
+                raise TypeError(f"{self.name}: {key}: given twice")
+            bound[key] = value
+        for name in self.operand_names:
+            if name not in bound:
+                raise TypeError(f"{self.name}: {name}: missing")
+        attrs = {}
+        for a in self.attrs:
+            if a.name in bound:
+                attrs[a.name] = bound[a.name]
+            elif a.default is REQUIRED:
+                raise TypeError(f"{self.name}: {a.name}: missing")
+            else:
+                attrs[a.name] = a.default
+        return [bound[n] for n in self.operand_names], attrs
+
+    def split_schema_args(self, args: Sequence[Any]) -> tuple[list, dict]:
+        """(operands, {attribute: value}) from a kernel's positional arguments in schema order;
+        the dispatcher leaves out trailing attributes that equal their defaults."""
+        n = len(self.operands)
+        attrs = dict(zip(self.attr_names, args[n:], strict=False))
+        for a in self.attrs[len(args) - n :]:
+            attrs[a.name] = a.default
+        return list(args[:n]), attrs
+
+    def encode_attrs(self, attrs: Mapping[str, Any]) -> tuple[float | int, ...]:
+        """The values the library reads, in table order (None -> the attribute's off value)."""
+        return tuple(a.encode(self.name, attrs[a.name]) for a in self.attrs)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def public_signature(op: Op, extra: Sequence[str] = ()) -> Callable[[F], F]:
+    """Checks a hand-written public wrapper's signature against the table at import: its
+    parameters must be the op's operands, then its attributes (keyword-only, same defaults),
+    then `extra` keyword-only parameters of the front end. So the spelled-out signature users
+    see can never drift from the op."""
+
+    def check(fn: F) -> F:
+        params = list(inspect.signature(fn).parameters.values())
+        expected = [*op.operand_names, *op.attr_names, *extra]
+        if [p.name for p in params] != expected:
+            raise TypeError(
+                f"{fn.__qualname__}: parameters {[p.name for p in params]} != {expected}"
+            )
+        for p, a in zip(params[len(op.operands) :], op.attrs, strict=False):
+            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default != a.default:
+                raise TypeError(
+                    f"{fn.__qualname__}: {a.name} must be keyword-only, default {a.default}"
+                )
+        return fn
+
+    return check
+
+
+# ---------------------------------------------------------------------------- sample calls
+def _simple_add_sample(zeros: bool) -> dict[str, np.ndarray]:
+    shape = (4, 256)
+    if zeros:
+        return {"a": np.zeros(shape, np.float32), "b": np.zeros(shape, np.float32)}
+    rng = np.random.default_rng(0)
+    return {
+        "a": rng.standard_normal(shape, np.float32),
+        "b": rng.standard_normal(shape, np.float32),
+    }
+
+
+def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
+    """3 live sequences (decode, prefill, chunked prefill), 1 unused slot, 2 padding rows;
+    Hq=8, Hkv=2, head_dim=64, page_size=16, float32, pages in reverse order. zeros=True makes every
+    input all zeros, metadata included (num_seqs = 0, a valid empty batch): the case where a graph
+    built from constants could be folded into a constant."""
+    seqs = [(1, 37), (17, 17), (3, 64)]  # (q_len, context_len)
+    num_q_heads, num_kv_heads, head_dim, page_size, pad_tokens, spare_slots = 8, 2, 64, 16, 2, 1
+    pages_per_seq = max(-(-ctx // page_size) for _, ctx in seqs)
+    num_slots = len(seqs) + spare_slots
+    num_pages = num_slots * pages_per_seq
+    num_tokens = sum(q for q, _ in seqs) + pad_tokens
+    shapes = [
+        ((num_tokens, num_q_heads, head_dim), np.float32),
+        ((num_pages, page_size, 2 * num_kv_heads, head_dim), np.float32),
+        ((num_slots,), np.int32),
+        ((num_slots, pages_per_seq), np.int32),
+        ((num_slots + 1,), np.int32),
+        ((1,), np.int32),
+    ]
+    arrays = [np.zeros(shape, dtype) for shape, dtype in shapes]
+    if not zeros:
+        rng = np.random.default_rng(0)
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs = arrays
+        query[...] = rng.standard_normal(query.shape, np.float32)
+        kv_cache[...] = rng.standard_normal(kv_cache.shape, np.float32)
+        block_tables[...] = np.arange(num_pages, dtype=np.int32)[::-1].reshape(block_tables.shape)
+        context_lens[: len(seqs)] = [ctx for _, ctx in seqs]
+        context_lens[len(seqs) :] = 1
+        query_start_loc[1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
+        query_start_loc[len(seqs) + 1 :] = query_start_loc[len(seqs)]
+        num_seqs[0] = len(seqs)
+    return dict(zip(PAGED_ATTENTION.operand_names, arrays, strict=True))
+
+
+_FLOATS = "float32, float16 or bfloat16"
+
+SIMPLE_ADD = Op(
+    name="simple_add",
+    operands=(
+        Operand("a", -1, _FLOATS, "any shape"),
+        Operand("b", -1, "a's", "a's shape"),
+    ),
+    attrs=(),
+    results=("out",),
+    result_like=("a",),
+    doc="out = a + b, rounded once to the input dtype",
+    vmap_method="broadcast_all",  # elementwise: batching both operands is exact
+    sample=_simple_add_sample,
+)
+
+PAGED_ATTENTION = Op(
+    name="paged_attention",
+    operands=(
+        Operand("query", 3, _FLOATS, "[T, Hq, D]"),
+        Operand("kv_cache", 4, "query's", "[P, page_size, 2*Hkv, D] (K even, V odd heads)"),
+        Operand("context_lens", 1, "int32", "[S]", values_checked=True),
+        Operand("block_tables", 2, "int32", "[S, pages_per_seq]", values_checked=True),
+        Operand("query_start_loc", 1, "int32", "[S + 1]", values_checked=True),
+        Operand("num_seqs", 1, "int32", "[1]", host_ok=True, values_checked=True),
+    ),
+    attrs=(
+        Attr("scale", float, "logits multiplier"),
+        Attr("sliding_window", int, "keys older than this many positions are masked", None, 0),
+        Attr("soft_cap", float, "logits -> soft_cap * tanh(logits / soft_cap)", None, 0.0),
+    ),
+    results=("out", "workspace"),
+    result_like=("query",),
+    doc="ragged paged attention, torch_xla ragged_paged_attention semantics (docs/DESIGN.md)",
+    sample=_paged_attention_sample,
+    sample_attrs={"scale": 0.125, "sliding_window": None, "soft_cap": None},
+)
+
+OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION)
+BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
+
+
+def get(name: str | Op) -> Op:
+    if isinstance(name, Op):
+        return name
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"op: {name!r} is not one of {tuple(BY_NAME)}") from None

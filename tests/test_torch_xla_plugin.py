@@ -17,10 +17,13 @@ Subprocesses: each needs a fresh XLA runtime and plugin table.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,39 @@ def test_handler_entries_map_each_op_to_its_handlers():
         expected.append((op.legacy_target, _library.symbol_address(op.cuda_legacy_symbol), 0))
     assert [tuple(entry) for entry in entries] == expected
     assert len({entry.address for entry in entries}) == len(entries)
+
+
+@needs_plugin
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_table_slots_hold_the_functions_this_module_calls_and_wraps():
+    """The slot numbers are the plugin's own: its symbol table names the function in each slot."""
+    path = torch_xla_plugin.plugin_api().path
+    listing = subprocess.run(
+        ["nm", "-C", "--defined-only", str(path)], capture_output=True, text=True, check=True
+    ).stdout
+    symbols = {}
+    for line in listing.splitlines():
+        address, _, name = line.split(" ", 2)
+        symbols.setdefault(name, int(address, 16))
+    base = ctypes.cast(ctypes.CDLL(str(path)).GetPjrtApi, ctypes.c_void_p).value
+    base -= symbols["GetPjrtApi"]
+    api = torch_xla_plugin.plugin_api()
+    expected = {
+        "PJRT_Error_Destroy": "pjrt::PJRT_Error_Destroy(PJRT_Error_Destroy_Args*)",
+        "PJRT_Error_Message": "pjrt::PJRT_Error_Message(PJRT_Error_Message_Args*)",
+        "PJRT_Client_Create": "pjrt::gpu_plugin::PJRT_Client_Create(PJRT_Client_Create_Args*)",
+        "PJRT_Client_PlatformName": (
+            "pjrt::PJRT_Client_PlatformName(PJRT_Client_PlatformName_Args*)"
+        ),
+    }
+    for function, symbol in expected.items():
+        assert api.function(function) - base == symbols[symbol], function
+    extension = api.gpu_custom_call_extension()
+    custom_call = ctypes.cast(extension.custom_call, ctypes.c_void_p).value
+    register = (
+        "pjrt::gpu_plugin::PJRT_Gpu_Register_Custom_Call(PJRT_Gpu_Register_Custom_Call_Args*)"
+    )
+    assert custom_call - base == symbols[register]
 
 
 REGISTRATION_SCRIPT = """

@@ -19,12 +19,10 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from subprocess_python import assert_lines_in_order, run_python
 
 from xla_gpu_ops import ops
 
@@ -58,40 +56,6 @@ def cuda_visible() -> bool:
 
 
 TESTS_DIR = Path(__file__).resolve().parent
-SUBPROCESS_TIMEOUT_S = 600  # importing torch_xla alone takes 30 s on a busy 2-core machine
-
-
-def run_python(code: str, env: dict[str, str], log_path: Path) -> str:
-    """Run `code` in a fresh interpreter; return stdout+stderr (interleaved), also saved to log_path."""
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        check=False,
-    )
-    log_path.write_text(result.stdout)
-    assert result.returncode == 0, (
-        f"exit {result.returncode}; log {log_path}:\n{result.stdout[-4000:]}"
-    )
-    return result.stdout
-
-
-def assert_lines_in_order(log: str, patterns: list[str]) -> None:
-    """Each regex matches a line of `log`, each after the previous one's line."""
-    lines = log.splitlines()
-    position = 0
-    for pattern in patterns:
-        for index in range(position, len(lines)):
-            if re.search(pattern, lines[index]):
-                position = index + 1
-                break
-        else:
-            raise AssertionError(
-                f"no line matching {pattern!r} after line {position}:\n{log[-4000:]}"
-            )
 
 
 # ---------------------------------------------------------------------------- any stack
@@ -171,59 +135,7 @@ def test_torch_xla_without_cuda_gets_one_clear_error(monkeypatch):
         assert f"torch_xla {major}.{minor} has no XLA:CUDA" in message
         assert "locks/xla-cuda.txt" in message
         assert "nox -s xla_cuda" in message
-
-
-EXTENSION_SCRIPT = """
-    import ctypes, json
-    from xla_gpu_ops import _library, ops, xla_cuda
-
-    class Args(ctypes.Structure):  # PJRT_Gpu_Register_Custom_Call_Args (pjrt_c_api_gpu_extension.h)
-        _fields_ = [("struct_size", ctypes.c_size_t), ("function_name", ctypes.c_char_p),
-                    ("function_name_size", ctypes.c_size_t), ("api_version", ctypes.c_int),
-                    ("handler_instantiate", ctypes.c_void_p), ("handler_prepare", ctypes.c_void_p),
-                    ("handler_initialize", ctypes.c_void_p), ("handler_execute", ctypes.c_void_p)]
-
-    class Extension(ctypes.Structure):  # PJRT_Gpu_Custom_Call
-        _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int),
-                    ("next", ctypes.c_void_p),
-                    ("custom_call", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(Args)))]
-
-    address = xla_cuda._plugin_api(xla_cuda.plugin_library_path()).extension_start
-    while Extension.from_address(address).type != 0:
-        address = Extension.from_address(address).next
-    extension = Extension.from_address(address)
-
-    def register(name, api_version, op, handler):
-        address = getattr(_library.load().op(op).info, handler + "_handler")
-        args = Args(ctypes.sizeof(Args), name.encode(), len(name), api_version, None, None, None,
-                    address)
-        return extension.custom_call(ctypes.byref(args)) is None  # NULL PJRT_Error*: success
-
-    results = {}
-    for op in ops.OPS:
-        results[op.legacy_target] = register(op.legacy_target, 0, op, "cuda_legacy")
-        results[op.ffi_target] = register(op.ffi_target, 1, op, "cuda_ffi")
-    results["bad_api_version"] = register("xgo_bad_api_version", 7, ops.OPS[0], "cuda_legacy")
-    print("RESULTS " + json.dumps(results), flush=True)
-"""
-
-
-@needs_plugin
-def test_plugin_extension_accepts_our_handlers(artifacts_dir):
-    """The registration torch_xla 2.7 performs, made directly on the plugin's extension (no GPU).
-
-    Legacy handlers as untyped targets (extension api_version 0, what torch_xla 2.7 passes) and
-    typed FFI handlers (api_version 1) are accepted; an unknown api_version is refused, so a
-    success here is the extension's answer and not a call that never happened.
-    """
-    built_library()
-    log = run_python(EXTENSION_SCRIPT, {}, artifacts_dir / "extension.log")
-    (line,) = [line for line in log.splitlines() if line.startswith("RESULTS ")]
-    results = json.loads(line.removeprefix("RESULTS "))
-    for op in ops.OPS:
-        assert results[op.legacy_target] is True, results
-        assert results[op.ffi_target] is True, results
-    assert results["bad_api_version"] is False, results
+        assert "xla_gpu_ops.torch_xla_plugin.register_plugin()" in message  # the 2.9 route
 
 
 # ---------------------------------------------------------------------------- HLO on XLA:CPU

@@ -31,6 +31,9 @@ IMPL_ENV = "XLA_GPU_OPS_XLA_IMPL"  # "custom_call" | "composite": override the i
 ABIS = ("ffi", "legacy")
 IMPLS = ("custom_call", "composite")
 API_VERSION = {"legacy": 2, "ffi": 4}  # XLA CustomCallApiVersion: STATUS_RETURNING, TYPED_FFI
+# XLA device hardware that runs our CUDA handlers: torch_xla 2.7's CUDA device, and the generic
+# plugin device of xla_gpu_ops.torch_xla_plugin (torch_xla 2.9).
+GPU_HARDWARE = ("CUDA", "GPU")
 # torch_xla < 2.9 registers legacy targets only (PJRT GPU extension)
 _FIRST_FFI_ONLY_VERSION = (2, 9)
 
@@ -80,20 +83,27 @@ def xla_impl(device: torch.device) -> str:
         if override not in IMPLS:
             raise ValueError(f"{IMPL_ENV}={override!r}: expected one of {IMPLS}")
         return override
-    return "custom_call" if device_hardware(device) == "CUDA" else "composite"
+    return "custom_call" if device_hardware(device) in GPU_HARDWARE else "composite"
 
 
 def _prepare_runtime(device: torch.device) -> None:
     """Make sure a custom call on `device` can run; raise a clear error where it cannot."""
-    if device_hardware(device) != "CUDA":
+    hardware = device_hardware(device)
+    if hardware not in GPU_HARDWARE:
         return  # XLA:CPU/TPU: lowering only (HLO inspection); execution fails cleanly in XLA
+    if hardware == "GPU":  # the 2.9 plugin device: targets go through the plugin's extension
+        from xla_gpu_ops import torch_xla_plugin
+
+        torch_xla_plugin.register_custom_call_targets()
+        return
     version = torch_xla_version()
     if version >= _FIRST_FFI_ONLY_VERSION:
         raise RuntimeError(
             f"torch_xla {version[0]}.{version[1]} cannot run xla_gpu custom calls on a CUDA XLA "
             "device: it dropped XLA:CUDA and its _xla_register_custom_call_target is a stub. Use "
-            "torch_xla 2.7 with the CUDA PJRT plugin (locks/xla-cuda.txt), torchax or JAX "
-            f"(xla_gpu_ops.jax) on CUDA, or set {IMPL_ENV}=composite for plain XLA ops."
+            "xla_gpu_ops.torch_xla_plugin.register_plugin() (the GPU plugin device), torch_xla "
+            "2.7 with the CUDA PJRT plugin (locks/xla-cuda.txt), torchax or JAX (xla_gpu_ops.jax) "
+            f"on CUDA, or set {IMPL_ENV}=composite for plain XLA ops."
         )
     from xla_gpu_ops import xla_cuda
 

@@ -21,7 +21,8 @@ Multi-process runs (torchrun) use torch_xla's own variables: RANK, WORLD_SIZE,
 LOCAL_RANK/PJRT_LOCAL_PROCESS_RANK, LOCAL_WORLD_SIZE/PJRT_LOCAL_PROCESS_COUNT, MASTER_ADDR.
 
 torch_xla >= 2.9 cannot take this route (its registration call is a stub and a CUDA-typed XLA
-tensor aborts the process); every entry point here says so in one error. See docs/TORCH_XLA_GPU.md.
+tensor aborts the process); every entry point here says so in one error and names the 2.9 route,
+xla_gpu_ops.torch_xla_plugin (the same plugin as a generic device). See docs/TORCH_XLA_GPU.md.
 """
 
 from __future__ import annotations
@@ -78,11 +79,12 @@ def check_torch_xla_supports_cuda() -> None:
         raise XlaCudaUnsupportedError(
             f"torch_xla {version[0]}.{version[1]} has no XLA:CUDA: its "
             "_xla_register_custom_call_target is a stub (RegisterCustomCall not implemented) and "
-            "an XLA tensor on a CUDA PJRT device aborts the process. Run torch_xla on GPUs with "
-            "the pinned stack instead (torch 2.7.0 + torch_xla 2.7.0 + jax-cuda12-pjrt 0.5.3: "
-            "`nox -s xla_cuda`, locks/xla-cuda.txt, or `docker compose run --rm tests-xla-cuda`), "
-            "or use torchax / JAX (xla_gpu_ops.torchax, xla_gpu_ops.jax) on CUDA with this "
-            "torch_xla. See docs/TORCH_XLA_GPU.md."
+            "an XLA tensor on a CUDA PJRT device aborts the process. With this torch_xla, use "
+            "xla_gpu_ops.torch_xla_plugin.register_plugin() (the same plugin as the generic "
+            'device "GPU"), or torchax / JAX (xla_gpu_ops.torchax, xla_gpu_ops.jax); or run '
+            "the pinned stack (torch 2.7.0 + torch_xla 2.7.0 + jax-cuda12-pjrt 0.5.3: "
+            "`nox -s xla_cuda`, locks/xla-cuda.txt, or `docker compose run --rm tests-xla-cuda`). "
+            "See docs/TORCH_XLA_GPU.md."
         )
 
 
@@ -99,8 +101,9 @@ def plugin_library_path() -> Path:
         dist = importlib.metadata.distribution(PLUGIN_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         raise FileNotFoundError(
-            f"{PLUGIN_DISTRIBUTION} is not installed: install locks/xla-cuda.txt "
-            f"(it pins {PLUGIN_DISTRIBUTION}=={MATCHING_PLUGIN[(2, 7)]}) or set {PLUGIN_PATH_ENV}"
+            f"{PLUGIN_DISTRIBUTION} is not installed: install the lock of your torch_xla "
+            f"(locks/xla-cuda.txt pins {PLUGIN_DISTRIBUTION}=={MATCHING_PLUGIN[(2, 7)]} for 2.7, "
+            f"locks/default.txt {MATCHING_PLUGIN[(2, 9)]} for 2.9) or set {PLUGIN_PATH_ENV}"
         ) from None
     path = Path(str(dist.locate_file(PLUGIN_FILE)))
     if not path.is_file():
@@ -180,8 +183,7 @@ def check_plugin_matches_torch_xla(path: Path | None = None) -> None:
         raise RuntimeError(
             f"{path} speaks PJRT C API {found[0]}.{found[1]}, torch_xla {version[0]}.{version[1]} "
             f"{expected[0]}.{expected[1]}: install {PLUGIN_DISTRIBUTION}=="
-            f"{MATCHING_PLUGIN[version]} (locks/xla-cuda.txt) or point {PLUGIN_PATH_ENV} at a "
-            "matching plugin"
+            f"{MATCHING_PLUGIN[version]} or point {PLUGIN_PATH_ENV} at a matching plugin"
         )
 
 
@@ -229,6 +231,14 @@ def process_topology() -> dict[str, int]:
     }
 
 
+def physical_chip_count() -> int:
+    """GPUs this host offers torch_xla: the visible ordinals, else $GPU_NUM_DEVICES, else 1."""
+    visible = _env_devices(VISIBLE_DEVICES_ENV)
+    if visible is not None:
+        return len(visible)
+    return _env_int("GPU_NUM_DEVICES", 1)
+
+
 def client_options_from_env() -> dict[str, str | float | bool | int | list[int]]:
     """The PJRT_Client_Create options of the GPU plugin, from the variables in this module's doc."""
     options: dict[str, str | float | bool | int | list[int]] = {"platform_name": "gpu"}
@@ -272,10 +282,7 @@ def _plugin_class() -> type:
             return str(plugin_library_path())
 
         def physical_chip_count(self) -> int:
-            visible = _env_devices(VISIBLE_DEVICES_ENV)
-            if visible is not None:
-                return len(visible)
-            return _env_int("GPU_NUM_DEVICES", 1)
+            return physical_chip_count()
 
         def configure_single_process(self) -> None:
             pass

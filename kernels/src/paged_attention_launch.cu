@@ -197,7 +197,14 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
       if (row_tiles) return LaunchPrefillAttention<T>(plan, params, stream);
       XGO_LAUNCH_MMA(128, 1);
     case 256:
-      if (row_tiles) XGO_LAUNCH_MMA(256, 4);
+      if (row_tiles) {
+        PrefillKernel prefill = PrefillKernel::kMmaSync;  // sm_90a: the wgmma kernel
+        if (const int32_t status = ChoosePrefillKernel(plan, 256, &prefill); status != XGO_OK) {
+          return status;
+        }
+        if (prefill == PrefillKernel::kSm90) return LaunchPrefillAttention<T>(plan, params, stream);
+        XGO_LAUNCH_MMA(256, 4);
+      }
       XGO_LAUNCH_MMA(256, 1);
   }
 #undef XGO_LAUNCH_MMA

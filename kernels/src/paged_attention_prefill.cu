@@ -1,6 +1,6 @@
-// paged_attention: launch of the prefill tiles of prefill-like f16/bf16 batches, called by LaunchMma
-// in paged_attention_launch.cu: the 128-row mma.sync kernel (paged_attention_prefill.cuh) or, on
-// Hopper, the wgmma kernel (paged_attention_sm90.cuh), chosen by ChoosePrefillKernel.
+// paged_attention: launch of the prefill tiles of prefill-like f16/bf16 batches (LaunchMma in
+// paged_attention_launch.cu calls it): the 128-row mma.sync kernel (paged_attention_prefill.cuh)
+// or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), chosen by ChoosePrefillKernel.
 // Internal (hidden visibility, the library default) apart from the xgo_debug_* test hooks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -109,14 +109,14 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
 // ---------------------------------------------------------------- the sm_90a kernel
 // Launch facts of one sm_90a kernel instance on one device, queried once: resident slots (SMs x
 // blocks of 384 threads per SM; GetKernelLaunchInfo assumes 128-thread blocks) and whether the
-// instance has sm_90a code there (PTX >= 9.0: otherwise the runtime would run an older pass's
-// empty kernel, JIT-compiled).
+// instance runs there: sm_90a code (PTX >= 9.0: otherwise the runtime would run an older pass's
+// empty kernel, JIT-compiled) compiled with the register count its setmaxnreg budgets assume.
 struct Sm90LaunchInfo {
   int64_t slots;
   bool has_code;
 };
 
-int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes,
+int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes, int entry_registers,
                           Sm90LaunchInfo* info) {
   static std::mutex mutex;
   static std::map<std::pair<const void*, int>, Sm90LaunchInfo> cache;
@@ -133,7 +133,8 @@ int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes,
   XGO_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   cudaFuncAttributes attributes{};
   XGO_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  Sm90LaunchInfo computed{0, major == 9 && attributes.ptxVersion >= 90};
+  Sm90LaunchInfo computed{
+      0, major == 9 && attributes.ptxVersion >= 90 && attributes.numRegs >= entry_registers};
   if (computed.has_code) {
     XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_bytes)));
@@ -155,7 +156,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   const size_t smem = Cfg::kLaunchSmemBytes;
   Sm90LaunchInfo info{};
   if (const int32_t status = GetSm90LaunchInfo(reinterpret_cast<const void*>(kernel),
-                                               Cfg::kThreads, smem, &info);
+                                               Cfg::kThreads, smem, Cfg::kEntryRegs, &info);
       status != XGO_OK) {
     return status;
   }
@@ -205,7 +206,7 @@ int32_t Sm90PrefillAvailable(bool* available) {
   using Cfg = Sm90PrefillConfig<128>;
   const int32_t status = GetSm90LaunchInfo(
       reinterpret_cast<const void*>(PagedAttentionSm90PrefillKernel<__nv_bfloat16, 128>),
-      Cfg::kThreads, Cfg::kLaunchSmemBytes, &info);
+      Cfg::kThreads, Cfg::kLaunchSmemBytes, Cfg::kEntryRegs, &info);
   *available = status == XGO_OK && info.has_code;
   return status;
 }

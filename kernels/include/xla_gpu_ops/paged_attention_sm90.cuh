@@ -1,21 +1,21 @@
-// paged_attention prefill kernel for Hopper (sm_90a): warpgroup MMA (wgmma) with K/V pages staged in
-// shared memory by a producer warpgroup, FlashAttention-3 style. Same semantics, tiles, workspace,
-// split protocol and short region as PagedAttentionPrefillKernel (paged_attention_prefill.cuh);
-// design, layouts and the barrier protocol: docs/prefill-sm90.md.
+// paged_attention prefill kernel for Hopper (sm_90a): warpgroup MMA (wgmma) with K/V pages staged
+// in shared memory by a producer warpgroup, FlashAttention-3 style. Same semantics, tiles,
+// workspace, split protocol and short region as PagedAttentionPrefillKernel
+// (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
 // One block = 3 warpgroups (384 threads), 128 query rows (tokens x the q heads of one kv head):
-//   warpgroup 0, producer (40 registers after setmaxnreg): Q, then K and V tiles of kBlockN keys
-//     gathered through the page table with 16-byte cp.async into 128-byte-swizzled shared memory
-//     (the layout wgmma descriptors read), kStages stages each, signalled through mbarriers
-//     (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): Q, then K and V tiles
+//     of kBlockN keys gathered through the page table with 16-byte cp.async into shared memory
+//     with the 128-byte swizzle wgmma descriptors read, kStages stages each, signalled through
+//     mbarriers (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
 //     [0, num_pages) are zero-filled, never read.
-//   warpgroups 1 and 2, consumers (232 registers): 64 query rows each. S = Q K^T by wgmma
-//     (both operands from shared memory, K-major), online softmax in the log2 domain in registers,
-//     P converted in registers to the A operand of O += P V (wgmma, V from shared memory read
-//     MN-major through the transpose bit). Tile i's QK^T is issued together with tile i-1's PV,
-//     so the softmax of tile i overlaps the PV of tile i-1 (intra-warpgroup overlap); for
-//     D <= 128 the two consumers also take turns issuing (named barriers), so one's softmax
-//     overlaps the other's matrix work (ping-pong).
+//   warpgroups 1 and 2, consumers (224 registers, 232 at D = 256): 64 query rows each.
+//     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
+//     domain in registers, P converted in registers to the A operand of O += P V (wgmma, V read
+//     from shared memory MN-major through the transpose bit). Tile i's QK^T is issued together
+//     with tile i-1's PV, so the softmax of tile i overlaps the PV of tile i-1 (intra-warpgroup
+//     overlap); for D <= 128 the two consumers also take turns issuing (named barriers), so one's
+//     softmax overlaps the other's matrix work (ping-pong).
 // Short-region blocks (the decodes of a mixed batch) run the decode kernel's body
 // (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
 //
@@ -84,11 +84,16 @@ struct Sm90PrefillConfig {
   // producer + 2 x consumer <= 3 x 168. D = 256 needs 229 in the consumers (O is 128 of them).
   static constexpr int kProducerRegs = kD > 128 ? 40 : 56;
   static constexpr int kConsumerRegs = kD > 128 ? 232 : 224;
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * 168, "pool");
   // Short-region blocks: warpgroup 0 alone runs the decode body, the others give their
   // registers back and exit.
   static constexpr int kShortIdleRegs = 24;
   static constexpr int kShortRegs = 240;
+  // Registers per thread the block must start with for both splits: the launcher checks the
+  // compiled count (a smaller pool would leave setmaxnreg.inc waiting forever).
+  static constexpr int kEntryRegs = 168;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kEntryRegs &&
+                    kShortRegs + kConsumers * kShortIdleRegs <= (kConsumers + 1) * kEntryRegs,
+                "register pool");
   // Short region (prefill-like batches with decodes, D <= 128): the decode body in its own stages.
   static constexpr bool kShortRegion = kD <= 128;
   static constexpr int kShortStages = XGO_SM90_SHORT_STAGES;
@@ -166,7 +171,9 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
 __device__ __forceinline__ void CpAsyncArriveNoInc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
 // proxy: after observing the data (the full barrier), order it before this thread's wgmma.
 // (SASS: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S. FlashAttention-3's cp.async path goes without it;
@@ -190,7 +197,9 @@ template <int kRegs>
 __device__ __forceinline__ void SetMaxRegistersDecrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void WgmmaCommit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -415,9 +424,8 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p, cons
   CpAsyncArriveNoInc(bars.QFull());
 
   // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
-  const T* kv_head = static_cast<const T*>(p.kv_cache) + 2 * w.kv_head * kD;
+  const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
-  const int slot_stride = 2 * p.num_kv_heads * kD;  // < 2^31: CheckKernelLimits
   int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
   int key = range.key_base + range.tile_begin * kN + t;
   int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
@@ -430,7 +438,8 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p, cons
       int64_t offset = -1;
       if (key < range.key_end && page >= 0 && page < p.num_pages) {
         const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-        offset = (static_cast<int64_t>(page) * p.page_size + in_page) * slot_stride;
+        offset = (static_cast<int64_t>(page) * p.page_size + in_page) *
+                 (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
       }
       table_now[t] = offset;
       key += kN;

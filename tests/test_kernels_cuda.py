@@ -405,7 +405,7 @@ def _prefill_kernel(kernel: int):
 
 
 def test_sm90_prefill_kernel_runs_on_hopper():
-    """The default build (80;86;89;90a) and a 90a build carry sm_90a code: on compute capability
+    """The default build (80;86;89;90a) and a 90a build hold sm_90a code: on compute capability
     9.x the launcher must pick the wgmma kernel; elsewhere it must not."""
     assert _sm90_prefill_available() == _is_hopper(), (
         f"sm_90a prefill kernel available: {_sm90_prefill_available()}, "

@@ -8,6 +8,8 @@ the tensor cores). Bad metadata must give NaN rows, never a crash, hang or silen
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
@@ -370,3 +372,122 @@ def test_broken_partition_of_a_large_prefill_batch_poisons_every_row():
     inputs = _short_region_inputs(32, 8, 64, torch.bfloat16, fresh_seed())
     inputs["query_start_loc"][7] = inputs["query_start_loc"][5] - 1
     assert run_cuda(inputs, scale=0.2).isnan().all()
+
+
+# ---------------------------------------------------------------------------- sm_90a prefill kernel
+# On a Hopper GPU the prefill tiles of f16/bf16 batches run on the wgmma kernel
+# (paged_attention_sm90.cuh) whenever the library holds sm_90a code, so every prefill-like test
+# above already runs it there; these add the shapes it is most likely to get wrong (tile edges,
+# tokens x heads rows that do not fill a tile, pages smaller than, straddling or not dividing a
+# tile, empty KV splits, D = 256) and compare it with the mma.sync kernel on the same inputs.
+def _is_hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def _sm90_prefill_available() -> bool:
+    return _library.load().cdll.xgo_debug_sm90_prefill_available() == 1
+
+
+@contextlib.contextmanager
+def _prefill_kernel(kernel: int):
+    """-1: the launcher's choice; 0: the mma.sync prefill kernel; 1: the sm_90a kernel."""
+    lib = _library.load()
+    previous = lib.cdll.xgo_debug_force_prefill_kernel(kernel)
+    try:
+        yield
+    finally:
+        lib.cdll.xgo_debug_force_prefill_kernel(previous)
+
+
+def test_sm90_prefill_kernel_runs_on_hopper():
+    """The default build (80;86;89;90a) and a 90a build hold sm_90a code: on compute capability
+    9.x the launcher must pick the wgmma kernel; elsewhere it must not."""
+    assert _sm90_prefill_available() == _is_hopper(), (
+        f"sm_90a prefill kernel available: {_sm90_prefill_available()}, "
+        f"device capability {torch.cuda.get_device_capability()}"
+    )
+
+
+# (q_len, context_len): rows of 1, 15, 16, 17, 127, 128, 129 and 300 tokens, prefixes before them,
+# a context shorter than one 128-key tile and one ending one key into a new tile.
+TILE_EDGE_SPECS = ((129, 129), (1, 1), (16, 300), (17, 17), (127, 1000), (128, 257), (15, 40),
+                   (300, 300))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads"),
+    [(32, 8), (8, 8), (12, 4), (64, 4)],  # 16 / 128 / 42 (126 rows) / 8 tokens per 128-row tile
+)
+def test_prefill_tile_edges_and_gqa(dtype, head_dim, num_q_heads, num_kv_heads):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(TILE_EDGE_SPECS, num_q_heads, num_kv_heads, head_dim, 16, dtype,
+                               seed, pad_tokens=5, extra_seqs=1)  # fmt: skip
+    check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 5, 16, 48, 128])
+def test_prefill_page_sizes(page_size):
+    """Pages of 1 key, pages that do not divide a 128-key tile (3, 5, 48) and one page per tile."""
+    seed = fresh_seed()
+    specs = ((200, 331), (64, 64), (129, 500), (7, 130))
+    inputs = make_paged_inputs(specs, 32, 8, 128, page_size, torch.bfloat16, seed, pad_tokens=2,
+                               shared_prefix=True)  # fmt: skip
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("sliding_window", [None, 3000])
+def test_prefill_kv_splits(head_dim, sliding_window):
+    """A prefill-like batch with few blocks and long contexts: the launcher splits the key range
+    (many splits, later ones empty for the shorter sequence) and merges the parts."""
+    seed = fresh_seed()
+    specs = ((40, 20_000), (33, 9_000))
+    inputs = make_paged_inputs(specs, 8, 2, head_dim, 16, torch.bfloat16, seed, pad_tokens=1)
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim),
+                            sliding_window=sliding_window)  # fmt: skip
+
+
+def test_prefill_many_sequences():
+    """300 sequences of 1..40 query tokens: the sequence lookup, a short region (the 1-2 token
+    sequences) beside prefill tiles in one launch, and tiles holding a sequence's last tokens."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    q_lens = torch.randint(1, 41, (300,), generator=gen).tolist()
+    specs = tuple((q, q + int(torch.randint(0, 400, (1,), generator=gen))) for q in q_lens)
+    inputs = make_paged_inputs(specs, 32, 8, 128, 16, torch.bfloat16, seed, pad_tokens=4)
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize(
+    ("sliding_window", "soft_cap", "scale"),
+    [(100, None, 0.1), (None, 30.0, 0.1), (129, 5.0, 0.3), (None, None, -0.05)],
+)
+def test_prefill_window_soft_cap_and_scale(head_dim, sliding_window, soft_cap, scale):
+    """Window edges inside a tile, soft cap on every tile, and a negative scale (the kernel folds
+    a positive scale into the exponent: a negative one must take the general path)."""
+    seed = fresh_seed()
+    specs = ((700, 900), (130, 130), (5, 300))
+    inputs = make_paged_inputs(specs, 16, 4, head_dim, 16, torch.float16, seed, pad_tokens=3)
+    check_against_reference(inputs, torch.float16, seed, scale=scale,
+                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sm90_and_mma_prefill_kernels_agree(head_dim):
+    """The same inputs through both prefill kernels: each matches the reference, and they agree
+    with each other to the rounding of 16-bit P (D = 256: against the 64-row mma.sync kernel)."""
+    assert _sm90_prefill_available(), "no sm_90a code in this library"
+    seed = fresh_seed()
+    specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
+    inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2)
+    scale = default_scale(head_dim)
+    with _prefill_kernel(1):
+        new = check_against_reference(inputs, torch.bfloat16, seed, scale=scale)
+    with _prefill_kernel(0):
+        old = check_against_reference(inputs, torch.bfloat16, seed, scale=scale)
+    assert rel_l2(new, old) < 1e-2, f"seed {seed}"
+    assert not torch.equal(new, old), "both runs took the same kernel"

@@ -178,7 +178,9 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
 #define XGO_LAUNCH_MMA(D, RW)                                                               \
   return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
                          params, stream, /*programmatic=*/RW == 1)
-  if (plan.path == AttentionPath::kPrefillMma) return LaunchPrefillAttention<T>(plan, params, stream);
+  if (plan.path == AttentionPath::kPrefillMma || plan.path == AttentionPath::kPrefillSm90) {
+    return LaunchPrefillAttention<T>(plan, params, stream);
+  }
   switch (params.head_dim) {
     case 64:
       XGO_LAUNCH_MMA(64, 1);
@@ -267,7 +269,11 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
 }  // namespace
 
 int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
-  const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
+  PagedAttentionPlan plan = MakePagedAttentionPlan(c);
+  // The one device-dependent choice: prefill tiles on Hopper run the wgmma kernel.
+  PrefillKernel prefill = PrefillKernel::kMmaSync;
+  XGO_RETURN_IF_FAILED(ChoosePrefillKernel(plan, static_cast<int>(c.head_dim), &prefill));
+  if (prefill == PrefillKernel::kSm90) plan.path = AttentionPath::kPrefillSm90;
   if (c.num_tokens == 0) return XGO_OK;  // empty batch: no rows to write
   for (int i = 0; i <= kWorkspace; ++i) {
     const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];

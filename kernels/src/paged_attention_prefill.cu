@@ -1,18 +1,27 @@
-// paged_attention: launch of the 128-row prefill kernel (paged_attention_prefill.cuh), called by
-// LaunchMma in paged_attention_launch.cu for non-decode f16/bf16 batches with head_dim 64/128.
-// Internal (hidden visibility, the library default): no C ABI here.
+// paged_attention: launch of the prefill tiles of prefill-like f16/bf16 batches (LaunchMma in
+// paged_attention_launch.cu calls it): the 128-row mma.sync kernel (paged_attention_prefill.cuh)
+// or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), chosen by ChoosePrefillKernel.
+// Internal (hidden visibility, the library default) apart from the xgo_debug_* test hooks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 
+#include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/cuda_check.cuh"
 #include "xla_gpu_ops/launch_info.h"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 #include "xla_gpu_ops/paged_attention_prefill.cuh"
+#include "xla_gpu_ops/paged_attention_sm90.cuh"
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {
@@ -36,6 +45,44 @@ int ChoosePrefillSplits(int planned, int64_t blocks_per_split, int64_t slots) {
   return best;
 }
 
+// Grid of a prefill launch (both kernels): 128-row tiles of tokens_per_tile tokens x heads, the
+// splits the launcher picks from the resident slots, and the short region's blocks.
+struct PrefillLaunch {
+  PrefillGrid grid;
+  dim3 blocks;
+};
+
+int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& params,
+                          int block_rows, int64_t slots, PrefillLaunch* launch) {
+  // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
+  // tile shape, so this kernel picks its own grid: block_rows = tokens_per_tile tokens x heads.
+  params.tokens_per_tile = block_rows / params.heads_per_block;
+  const int64_t num_q_tiles =
+      static_cast<int64_t>(params.num_tokens) / params.tokens_per_tile + params.max_num_seqs;
+  const int64_t num_head_blocks = plan.num_head_blocks;
+  const int64_t blocks_per_split = num_q_tiles * num_head_blocks;
+  if (blocks_per_split > INT32_MAX) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld query tiles is too many",
+                static_cast<long long>(blocks_per_split));
+  }
+  const int64_t real_blocks =
+      std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
+  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, slots);
+  // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
+  // several splits only come with few blocks.
+  const int64_t prefill_blocks = blocks_per_split * params.num_splits;
+  const int64_t short_blocks =
+      static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
+  launch->grid = PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks),
+                             static_cast<int>(short_blocks)};
+  // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
+  launch->blocks = short_blocks > 0
+                       ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
+                       : dim3(static_cast<unsigned>(blocks_per_split), 1u,
+                              static_cast<unsigned>(params.num_splits));
+  return XGO_OK;
+}
+
 template <typename T, int kD>
 int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                             cudaStream_t stream) {
@@ -49,50 +96,158 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
       status != XGO_OK) {
     return status;
   }
-  // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
-  // tile shape, so this kernel picks its own grid: 128 rows = tokens_per_tile tokens x heads.
-  params.tokens_per_tile = Cfg::kBlockRows / params.heads_per_block;
-  const int64_t num_q_tiles =
-      static_cast<int64_t>(params.num_tokens) / params.tokens_per_tile + params.max_num_seqs;
-  const int64_t num_head_blocks = plan.num_head_blocks;
-  const int64_t blocks_per_split = num_q_tiles * num_head_blocks;
-  if (blocks_per_split > INT32_MAX) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld query tiles is too many",
-                static_cast<long long>(blocks_per_split));
+  PrefillLaunch launch{};
+  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, &launch);
+      status != XGO_OK) {
+    return status;
   }
-  const int64_t real_blocks =
-      std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
-  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, info.slots);
-  // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
-  // several splits only come with few blocks.
-  const int64_t prefill_blocks = blocks_per_split * params.num_splits;
-  const int64_t short_blocks =
-      static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
-  const PrefillGrid grid{num_q_tiles, static_cast<int>(prefill_blocks),
-                         static_cast<int>(short_blocks)};
-  // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
-  const dim3 blocks = short_blocks > 0
-                          ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
-                          : dim3(static_cast<unsigned>(blocks_per_split), 1u,
-                                 static_cast<unsigned>(params.num_splits));
-  kernel<<<blocks, kThreads, smem, stream>>>(params, grid);
+  kernel<<<launch.blocks, kThreads, smem, stream>>>(params, launch.grid);
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }
 
+// ---------------------------------------------------------------- the sm_90a kernel
+// Launch facts of one sm_90a kernel instance on one device, queried once: resident slots (SMs x
+// blocks of 384 threads per SM; GetKernelLaunchInfo assumes 128-thread blocks) and whether the
+// instance runs there: sm_90a code (PTX >= 9.0: otherwise the runtime would run an older pass's
+// empty kernel, JIT-compiled) compiled with the register count its setmaxnreg budgets assume.
+struct Sm90LaunchInfo {
+  int64_t slots;
+  bool has_code;
+};
+
+int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes, int entry_registers,
+                          Sm90LaunchInfo* info) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, Sm90LaunchInfo> cache;
+  int device = 0;
+  XGO_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(kernel, device);
+  if (const auto it = cache.find(key); it != cache.end()) {
+    *info = it->second;
+    return XGO_OK;
+  }
+  int major = 0, num_sms = 0;
+  XGO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  XGO_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  cudaFuncAttributes attributes{};
+  XGO_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  Sm90LaunchInfo computed{
+      0, major == 9 && attributes.ptxVersion >= 90 && attributes.numRegs >= entry_registers};
+  if (computed.has_code) {
+    XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem_bytes)));
+    int blocks_per_sm = 0;
+    XGO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads,
+                                                                 smem_bytes));
+    computed.slots = static_cast<int64_t>(num_sms) * blocks_per_sm;
+  }
+  cache.emplace(key, computed);
+  *info = computed;
+  return XGO_OK;
+}
+
+template <typename T, int kD>
+int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
+                                cudaStream_t stream) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  auto kernel = PagedAttentionSm90PrefillKernel<T, kD>;
+  const size_t smem = Cfg::kLaunchSmemBytes;
+  Sm90LaunchInfo info{};
+  if (const int32_t status = GetSm90LaunchInfo(reinterpret_cast<const void*>(kernel),
+                                               Cfg::kThreads, smem, Cfg::kEntryRegs, &info);
+      status != XGO_OK) {
+    return status;
+  }
+  if (!info.has_code) {  // ChoosePrefillKernel asked the same question: not reached
+    return Fail(XGO_CUDA_ERROR, "paged_attention: no sm_90a code for the wgmma prefill kernel");
+  }
+  PrefillLaunch launch{};
+  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, &launch);
+      status != XGO_OK) {
+    return status;
+  }
+  kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid);
+  XGO_CUDA_CHECK(cudaGetLastError());
+  return XGO_OK;
+}
+
+// XLA_GPU_OPS_PREFILL_KERNEL, read once per process: "mma" keeps the mma.sync kernel; anything
+// else (or unset) lets ChoosePrefillKernel decide. xgo_debug_force_prefill_kernel overrides it.
+// Tuning builds: -DXGO_SM90_WITH_SHORT_REGION=0 keeps batches with a short region (mixed batches)
+// on the mma.sync kernel, whose 128-thread blocks share an SM with the short blocks.
+#ifndef XGO_SM90_WITH_SHORT_REGION
+#define XGO_SM90_WITH_SHORT_REGION 1
+#endif
+
+constexpr int kPrefillKernelUnread = -2;
+constexpr int kPrefillKernelAuto = -1;
+std::atomic<int> g_forced_prefill_kernel{kPrefillKernelUnread};
+
+int ForcedPrefillKernel() {
+  int forced = g_forced_prefill_kernel.load(std::memory_order_relaxed);
+  if (forced == kPrefillKernelUnread) {
+    const char* env = std::getenv("XLA_GPU_OPS_PREFILL_KERNEL");
+    const int from_env = env != nullptr && std::strcmp(env, "mma") == 0
+                             ? static_cast<int>(PrefillKernel::kMmaSync)
+                             : kPrefillKernelAuto;
+    int expected = kPrefillKernelUnread;
+    g_forced_prefill_kernel.compare_exchange_strong(expected, from_env);
+    forced = g_forced_prefill_kernel.load(std::memory_order_relaxed);
+  }
+  return forced;
+}
+
+// Whether the current device runs the sm_90a kernel (any instance answers for all: they are
+// compiled in the same passes).
+int32_t Sm90PrefillAvailable(bool* available) {
+  Sm90LaunchInfo info{};
+  using Cfg = Sm90PrefillConfig<128>;
+  const int32_t status = GetSm90LaunchInfo(
+      reinterpret_cast<const void*>(PagedAttentionSm90PrefillKernel<__nv_bfloat16, 128>),
+      Cfg::kThreads, Cfg::kLaunchSmemBytes, Cfg::kEntryRegs, &info);
+  *available = status == XGO_OK && info.has_code;
+  return status;
+}
+
 }  // namespace
+
+int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel) {
+  *kernel = PrefillKernel::kMmaSync;
+  if (!plan.tensor_cores || plan.row_warps != 4) return XGO_OK;
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return XGO_OK;
+  if (ForcedPrefillKernel() == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
+  if (!XGO_SM90_WITH_SHORT_REGION && plan.short_splits > 0) return XGO_OK;
+  bool available = false;
+  if (const int32_t status = Sm90PrefillAvailable(&available); status != XGO_OK) return status;
+  if (available) *kernel = PrefillKernel::kSm90;
+  return XGO_OK;
+}
 
 template <typename T>
 int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                cudaStream_t stream) {
-  switch (params.head_dim) {
-    case 64:
-      return LaunchPrefillKernel<T, 64>(plan, params, stream);
-    case 128:
-      return LaunchPrefillKernel<T, 128>(plan, params, stream);
+  const bool sm90 = plan.path == AttentionPath::kPrefillSm90;  // PagedAttention::Launch chose
+  if (sm90) {
+    switch (params.head_dim) {
+      case 64:
+        return LaunchSm90PrefillKernel<T, 64>(plan, params, stream);
+      case 128:
+        return LaunchSm90PrefillKernel<T, 128>(plan, params, stream);
+      case 256:
+        return LaunchSm90PrefillKernel<T, 256>(plan, params, stream);
+    }
+  } else {
+    switch (params.head_dim) {
+      case 64:
+        return LaunchPrefillKernel<T, 64>(plan, params, stream);
+      case 128:
+        return LaunchPrefillKernel<T, 128>(plan, params, stream);
+    }
   }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128",
-              params.head_dim);
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128%s",
+              params.head_dim, sm90 ? "/256" : "");
 }
 
 template int32_t LaunchPrefillAttention<__half>(const PagedAttentionPlan&, PagedAttentionParams&,
@@ -101,3 +256,22 @@ template int32_t LaunchPrefillAttention<__nv_bfloat16>(const PagedAttentionPlan&
                                                        PagedAttentionParams&, cudaStream_t);
 
 }  // namespace xgo
+
+// Test and benchmark hooks (not part of c_api.h): run the old and the new prefill kernel side
+// by side in one process. kernel: -1 lets the launcher choose (the default), 0 forces the
+// mma.sync kernel, 1 the sm_90a kernel where the device has it (elsewhere the launcher still
+// falls back to mma.sync). Returns the previous setting.
+extern "C" XGO_EXPORT int32_t xgo_debug_force_prefill_kernel(int32_t kernel) {
+  const int previous = xgo::ForcedPrefillKernel();
+  xgo::g_forced_prefill_kernel.store(kernel < 0 ? xgo::kPrefillKernelAuto : (kernel == 0 ? 0 : 1),
+                                     std::memory_order_relaxed);
+  return previous;
+}
+
+// 1 if the current device runs the sm_90a prefill kernel (compute capability 9.x and sm_90a code
+// in this library), 0 if not, -1 on a CUDA error.
+extern "C" XGO_EXPORT int32_t xgo_debug_sm90_prefill_available(void) {
+  bool available = false;
+  if (xgo::Sm90PrefillAvailable(&available) != XGO_OK) return -1;
+  return available ? 1 : 0;
+}

@@ -53,6 +53,8 @@ enum class AttentionPath {
   kPrefillMma,  // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
                 // region) -> merges
   kRowsMma,     // f16/bf16, prefill-like, head_dim 256: prep -> 64-row mma.sync kernel -> merge
+  kPrefillSm90,  // f16/bf16, prefill-like, Hopper with sm_90a code: prep -> wgmma kernel (+ short
+                 // region) -> merges; chosen at launch (PagedAttention::Launch)
 };
 
 struct PagedAttentionPlan {

@@ -24,11 +24,21 @@
 
 namespace xgo {
 
-// Launches the prefill kernel for head_dim 64/128 (f16/bf16); sets params.num_splits (<= the
-// plan's) and params.tokens_per_tile for the merge. Defined in paged_attention_prefill.cu.
+// Launches the prefill tiles of a prefill-like f16/bf16 plan (row_warps == 4) with the kernel
+// ChoosePrefillKernel picks: head_dim 64/128 on either kernel, 256 only on the sm_90a one (the
+// 64-row PagedAttentionMmaKernel runs it otherwise). Sets params.num_splits (<= the plan's) and
+// params.tokens_per_tile. Defined in paged_attention_prefill.cu.
 template <typename T>
 int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                cudaStream_t stream);
+
+// The kernel that runs the prefill tiles: the mma.sync kernel of this file (sm_80+), or the
+// wgmma kernel (paged_attention_sm90.cuh) on a compute capability 9.x device when this library
+// holds sm_90a code for it (queried once per device). XLA_GPU_OPS_PREFILL_KERNEL=mma (read once
+// per process) keeps the mma.sync kernel everywhere, for A/B comparisons. The single place the
+// choice is made: the launcher asks it for every prefill-like f16/bf16 plan.
+enum class PrefillKernel { kMmaSync, kSm90 };
+int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel);
 
 #ifndef XGO_PREFILL128_STAGES
 #define XGO_PREFILL128_STAGES 2

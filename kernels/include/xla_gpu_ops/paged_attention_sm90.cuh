@@ -1,0 +1,854 @@
+// paged_attention prefill kernel for Hopper (sm_90a): warpgroup MMA (wgmma) with K/V pages staged
+// in shared memory by a producer warpgroup, FlashAttention-3 style. Same semantics, tiles,
+// workspace, split protocol and short region as PagedAttentionPrefillKernel
+// (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
+//
+// One block = 3 warpgroups (384 threads), 128 query rows (tokens x the q heads of one kv head):
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): Q, then K and V tiles
+//     of kBlockN keys gathered through the page table with 16-byte cp.async into shared memory
+//     with the 128-byte swizzle wgmma descriptors read, kStages stages each, signalled through
+//     mbarriers (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
+//     [0, num_pages) are zero-filled, never read.
+//   warpgroups 1 and 2, consumers (224 registers, 232 at D = 256): 64 query rows each.
+//     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
+//     domain in registers, P converted in registers to the A operand of O += P V (wgmma, V read
+//     from shared memory MN-major through the transpose bit). Tile i's QK^T is issued together
+//     with tile i-1's PV, so the softmax of tile i overlaps the PV of tile i-1 (intra-warpgroup
+//     overlap); for D <= 128 the two consumers also take turns issuing (named barriers), so one's
+//     softmax overlaps the other's matrix work (ping-pong).
+// Short-region blocks (the decodes of a mixed batch) run the decode kernel's body
+// (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
+//
+// Device code exists only in the sm_90a pass (XGO_SM90A_DEVICE); every other pass of a multi-arch
+// build compiles an empty kernel, and the launcher never picks it there (ChoosePrefillKernel).
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "xla_gpu_ops/device_utils.cuh"
+#include "xla_gpu_ops/paged_attention_kernels.cuh"
+#include "xla_gpu_ops/paged_attention_params.cuh"
+#include "xla_gpu_ops/paged_attention_prefill.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define XGO_SM90A_DEVICE 1
+#else
+#define XGO_SM90A_DEVICE 0
+#endif
+
+// Tuning knobs (defaults: FlashAttention-3's choices for paged K/V loaded by cp.async).
+#ifndef XGO_SM90_STAGES
+#define XGO_SM90_STAGES 2  // K and V stages each
+#endif
+#ifndef XGO_SM90_PINGPONG
+#define XGO_SM90_PINGPONG 1  // consumers take turns issuing wgmma (D <= 128)
+#endif
+#ifndef XGO_SM90_PROXY_FENCE
+#define XGO_SM90_PROXY_FENCE 1  // fence.proxy.async after each full barrier (see FenceProxyAsync)
+#endif
+#ifndef XGO_SM90_SHORT_STAGES
+#define XGO_SM90_SHORT_STAGES 3  // short-region blocks own the SM's shared memory: 3 stages fit
+#endif
+
+namespace xgo {
+
+template <int kD>
+struct Sm90PrefillConfig {
+  static constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kBlockRows = 64 * kConsumers;
+  // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
+  static constexpr int kBlockN = kD > 128 ? 64 : 128;
+  static constexpr int kStages = XGO_SM90_STAGES;
+  static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of a 16-bit row
+  static constexpr int kRowsPerPass = 128 / kChunksPerRow;   // rows the producer copies per pass
+  static constexpr int kScoreRegs = kBlockN / 2;             // S accumulators per thread
+  static constexpr int kOutRegs = kD / 2;                    // O accumulators per thread
+  static constexpr int kQBytes = kBlockRows * kD * 2;
+  static constexpr int kTileBytes = kBlockN * kD * 2;
+  // Shared memory (bytes from a 1024-byte aligned base: the 128-byte swizzle repeats every 8 rows
+  // of 128 bytes, and wgmma descriptors assume that phase; see SwizzledOffset).
+  static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90Producer)
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
+  static constexpr int kSlotOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kBarrierOffset = kSlotOffset + kSlotBuffers * kBlockN * 8;
+  static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K full/empty; V full/empty
+  static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
+  static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
+  // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
+  // __launch_bounds__(384, 1)); the producer gives back what the consumers take, so
+  // producer + 2 x consumer <= 3 x 168. D = 256 needs 229 in the consumers (O is 128 of them).
+  static constexpr int kProducerRegs = kD > 128 ? 40 : 56;
+  static constexpr int kConsumerRegs = kD > 128 ? 232 : 224;
+  // Short-region blocks: warpgroup 0 alone runs the decode body, the others give their
+  // registers back and exit.
+  static constexpr int kShortIdleRegs = 24;
+  static constexpr int kShortRegs = 240;
+  // Registers per thread the block must start with for both splits: the launcher checks the
+  // compiled count (a smaller pool would leave setmaxnreg.inc waiting forever).
+  static constexpr int kEntryRegs = 168;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kEntryRegs &&
+                    kShortRegs + kConsumers * kShortIdleRegs <= (kConsumers + 1) * kEntryRegs,
+                "register pool");
+  // Short region (prefill-like batches with decodes, D <= 128): the decode body in its own stages.
+  static constexpr bool kShortRegion = kD <= 128;
+  static constexpr int kShortStages = XGO_SM90_SHORT_STAGES;
+  static constexpr size_t kShortSmemBytes =
+      kShortRegion ? MmaConfig<kD, 1, kShortStages>::kSmemBytes : 0;
+  static constexpr size_t kLaunchSmemBytes =
+      kSmemBytes > kShortSmemBytes ? kSmemBytes : kShortSmemBytes;
+
+  static_assert(kD % 64 == 0, "128-byte swizzle atoms: 64 elements of 16 bits");
+  static_assert(kBlockN % kRowsPerPass == 0 && kBlockRows % kRowsPerPass == 0, "copy passes");
+  static_assert(kBlockN <= 128, "one producer thread per key computes the key's cache offset");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+// Barrier indices in the barrier array.
+struct Sm90Barriers {
+  uint32_t base;  // shared address of barrier 0
+  int stages;
+  __device__ __forceinline__ uint32_t QFull() const { return base; }
+  __device__ __forceinline__ uint32_t KFull(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t KEmpty(int s) const { return base + 8 * (1 + stages + s); }
+  __device__ __forceinline__ uint32_t VFull(int s) const { return base + 8 * (1 + 2 * stages + s); }
+  __device__ __forceinline__ uint32_t VEmpty(int s) const {
+    return base + 8 * (1 + 3 * stages + s);
+  }
+};
+
+// Named barrier ids (0 is __syncthreads): the consumers' issue turns, and the producer warpgroup.
+constexpr int kSm90TurnBarrier = 1;  // + consumer index
+constexpr int kSm90ProducerBarrier = 3;
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a [kD / 64][kRows][64] tile of 16-bit
+// elements with the 128-byte swizzle: each 64-element column block is rows of 128 bytes, and
+// chunk c of row r sits at c ^ (r % 8) within its row (bits 4-6 of the offset XOR bits 7-9, the
+// pattern wgmma's 128-byte swizzle mode reads from a 1024-byte aligned base).
+template <int kRows>
+__device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk / 8) * (kRows * 128) + row * 128 +
+                               (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (all >> 4), swizzle mode 1 in bits 62-63, base offset 0 (1024-byte aligned atoms).
+__device__ __forceinline__ uint64_t Sm90Descriptor(uint32_t address, uint32_t leading_bytes,
+                                                   uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+#if XGO_SM90A_DEVICE
+// ---------------------------------------------------------------- sm_90a primitives
+__device__ __forceinline__ float FastReciprocal(float x) {  // rcp.approx: 1 / inf = 0
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Blocks until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// The barrier counts one arrival of this thread once all of its earlier cp.async have landed.
+__device__ __forceinline__ void CpAsyncArriveNoInc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async
+// proxy: after observing the data (the full barrier), order it before this thread's wgmma.
+// (SASS: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S. FlashAttention-3's cp.async path goes without it;
+// -DXGO_SM90_PROXY_FENCE=0 measures the difference.)
+__device__ __forceinline__ void FenceProxyAsync() {
+#if XGO_SM90_PROXY_FENCE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void NamedBarrierSync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegistersIncrease() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegistersDecrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accesses to wgmma operand registers across an issue or a wait.
+template <int kN>
+__device__ __forceinline__ void FenceRegisters(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void FenceRegisters(uint32_t (&r)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+// ---------------------------------------------------------------- wgmma m64nNk16, f32 accumulators
+// SS: d (+)= A B, A and B from shared memory through descriptors, both K-major.
+// RS: d (+)= A B, A from registers (4 x 32 bits: the m64k16 fragment), B from shared memory read
+//     MN-major (imm-trans-b = 1). scale_d == 0: d = A B (the accumulator input is ignored).
+// Accumulator d[4 j + e] of thread (warp w, lane l) of the warpgroup: row 16 w + l / 4 + 8 (e / 2),
+// column 8 j + 2 (l % 4) + (e % 2).
+
+#define XGO_WGMMA_SS_N64(TY)                                                                      \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                    \
+      "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                           \
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),             \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),             \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])              \
+      : "l"(a), "l"(b), "r"(scale_d))
+
+#define XGO_WGMMA_SS_N128(TY)                                                                     \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                               \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                    \
+      "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,"                      \
+      "%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"                      \
+      "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                                   \
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),             \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),             \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),             \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),             \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),             \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),             \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),             \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),             \
+        "+f"(d[62]), "+f"(d[63])                                                                  \
+      : "l"(a), "l"(b), "r"(scale_d))
+
+#define XGO_WGMMA_RS_N64(TY)                                                                      \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                                \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                    \
+      "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                                           \
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),             \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),             \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])              \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d))
+
+#define XGO_WGMMA_RS_N128(TY)                                                                     \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                               \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                    \
+      "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,"                      \
+      "%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"                      \
+      "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                                                   \
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),             \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),             \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),             \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),             \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),             \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),             \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),             \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),             \
+        "+f"(d[62]), "+f"(d[63])                                                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d))
+
+#define XGO_WGMMA_RS_N256(TY)                                                                     \
+  asm volatile(                                                                                   \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                               \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                               \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,"                    \
+      "%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,"                      \
+      "%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"                      \
+      "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,"                      \
+      "%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,"                      \
+      "%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,"                      \
+      "%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,"                    \
+      "%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"                                         \
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"                                          \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),       \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),   \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),             \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),             \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),             \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),             \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),             \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),             \
+        "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),             \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),             \
+        "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),             \
+        "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]),             \
+        "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),             \
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),             \
+        "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),             \
+        "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),             \
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),         \
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),       \
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),       \
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),       \
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])        \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d))
+
+
+template <typename T, int kN>
+struct Wgmma;
+
+#define XGO_DEFINE_WGMMA(T, TY, N)                                                                \
+  template <>                                                                                     \
+  struct Wgmma<T, N> {                                                                            \
+    static __device__ __forceinline__ void SS(float (&d)[N / 2], uint64_t a, uint64_t b,          \
+                                              int scale_d) {                                      \
+      XGO_WGMMA_SS_N##N(TY);                                                                      \
+    }                                                                                             \
+    static __device__ __forceinline__ void RS(float (&d)[N / 2], const uint32_t (&a)[4],          \
+                                              uint64_t b, int scale_d) {                          \
+      XGO_WGMMA_RS_N##N(TY);                                                                      \
+    }                                                                                             \
+  };
+#define XGO_DEFINE_WGMMA_RS(T, TY, N)                                                             \
+  template <>                                                                                     \
+  struct Wgmma<T, N> {                                                                            \
+    static __device__ __forceinline__ void RS(float (&d)[N / 2], const uint32_t (&a)[4],          \
+                                              uint64_t b, int scale_d) {                          \
+      XGO_WGMMA_RS_N##N(TY);                                                                      \
+    }                                                                                             \
+  };
+XGO_DEFINE_WGMMA(__nv_bfloat16, "bf16", 64)
+XGO_DEFINE_WGMMA(__nv_bfloat16, "bf16", 128)
+XGO_DEFINE_WGMMA_RS(__nv_bfloat16, "bf16", 256)
+XGO_DEFINE_WGMMA(__half, "f16", 64)
+XGO_DEFINE_WGMMA(__half, "f16", 128)
+XGO_DEFINE_WGMMA_RS(__half, "f16", 256)
+#undef XGO_DEFINE_WGMMA
+#undef XGO_DEFINE_WGMMA_RS
+
+// ---------------------------------------------------------------- producer warpgroup
+// Copies rows [row0, row0 + kRowsPerPass, ...) of one K or V tile, 16-byte chunk `chunk` of each:
+// the row's cache offset (elements, -1: zero-fill) comes from the key table the producer
+// warpgroup built for this tile.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t* slots,
+                                                unsigned char* tile, int row0, int chunk) {
+  using Cfg = Sm90PrefillConfig<kD>;
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockN / Cfg::kRowsPerPass; ++i) {
+    const int r = row0 + i * Cfg::kRowsPerPass;
+    const int64_t offset = slots[r];
+    const bool valid = offset >= 0;
+    const T* src = valid ? kv_head + offset + chunk * 8 : kv_head;
+    CpAsync16(tile + SwizzledOffset<Cfg::kBlockN>(r, chunk), src, valid ? 16 : 0);
+  }
+}
+
+// Warpgroup 0: Q once, then per tile step: K of this step and V of the previous one (the
+// consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1} V_{i-1}).
+// Each thread owns one key of the tile for the page-table lookup (its page entry is loaded a tile
+// ahead) and writes the key's cache offset into a table in shared memory; after a warpgroup
+// barrier every thread copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass.
+// The tables rotate through 3 buffers: V of step i - 1 still reads table i - 1 while table i + 1
+// is written, and a thread writing table i + 2 has passed the barrier of step i + 1, which every
+// thread reaches only after its copies of step i (K_i, V_{i-1}).
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p, const TileWork& w,
+                                             const KeyRange& range, unsigned char* smem,
+                                             const Sm90Barriers& bars) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  constexpr int kN = Cfg::kBlockN;
+  const int t = static_cast<int>(threadIdx.x);  // 0..127
+  const int chunk = t % Cfg::kChunksPerRow;
+  const int row0 = t / Cfg::kChunksPerRow;
+  const int num_tiles = range.tile_end - range.tile_begin;
+  if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
+
+  const T* q = static_cast<const T*>(p.query);
+#pragma unroll 4
+  for (int r = row0; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
+    const bool valid = r < w.rows;
+    const T* src = q;
+    if (valid) {
+      const int token = w.tok0 + r / p.heads_per_block;
+      const int head = w.head0 + r % p.heads_per_block;
+      src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + chunk * 8;
+    }
+    CpAsync16(smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src,
+              valid ? 16 : 0);
+  }
+  CpAsyncArriveNoInc(bars.QFull());
+
+  // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
+  const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
+  int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
+  int key = range.key_base + range.tile_begin * kN + t;
+  int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
+#pragma unroll 1
+  for (int step = 0; step < num_tiles; ++step) {
+    int64_t* table_now = slots + (step % Cfg::kSlotBuffers) * kN;
+    if (t < kN) {
+      // Keys at or past key_end (the block's causal end) and pages outside [0, num_pages) are
+      // zero-filled, never read (the prep kernel poisons sequences with such pages anyway).
+      int64_t offset = -1;
+      if (key < range.key_end && page >= 0 && page < p.num_pages) {
+        const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
+        offset = (static_cast<int64_t>(page) * p.page_size + in_page) *
+                 (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
+      }
+      table_now[t] = offset;
+      key += kN;
+      page = key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
+    }
+    NamedBarrierSync(kSm90ProducerBarrier, 128);
+    const int stage = step % Cfg::kStages;
+    const uint32_t phase = (step / Cfg::kStages) & 1;
+    MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
+    Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
+                           row0, chunk);
+    CpAsyncArriveNoInc(bars.KFull(stage));
+    if (step > 0) {
+      const int prev = step - 1;
+      const int prev_stage = prev % Cfg::kStages;
+      const uint32_t prev_phase = (prev / Cfg::kStages) & 1;
+      MbarWait(bars.VEmpty(prev_stage), prev_phase ^ 1);
+      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
+                             smem + Cfg::kVOffset + prev_stage * Cfg::kTileBytes, row0, chunk);
+      CpAsyncArriveNoInc(bars.VFull(prev_stage));
+    }
+  }
+  const int last = num_tiles - 1;
+  const int last_stage = last % Cfg::kStages;
+  MbarWait(bars.VEmpty(last_stage), ((last / Cfg::kStages) & 1) ^ 1);
+  Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (last % Cfg::kSlotBuffers) * kN,
+                         smem + Cfg::kVOffset + last_stage * Cfg::kTileBytes, row0, chunk);
+  CpAsyncArriveNoInc(bars.VFull(last_stage));
+  CpAsyncWaitAll();  // no copy outlives its thread
+}
+
+// ---------------------------------------------------------------- consumer warpgroups
+// Consumer `cw` (0 or 1) owns block rows [64 cw, 64 cw + 64). Thread (warp, lane) holds rows
+// 64 cw + 16 warp + lane / 4 + 8 h (h = 0, 1) of S and O (see Wgmma). Only what the loop needs
+// stays in registers beside S, O and P (160 of the 232): the tile's metadata lives in shared
+// memory (Sm90PrefillBlock) and is read again in the epilogue.
+template <typename T, int kD>
+struct Sm90Consumer {
+  using Cfg = Sm90PrefillConfig<kD>;
+  static constexpr int kN = Cfg::kBlockN;
+  static constexpr int kS = Cfg::kScoreRegs;
+  static constexpr int kO = Cfg::kOutRegs;
+  static constexpr int kKeySteps = kN / 16;  // k16 steps of P V
+  static constexpr int kDSteps = kD / 16;    // k16 steps of Q K^T
+
+  int row_pos[2];            // key position row h ends at (causal), -1 for padding rows
+  int wg_lo_pos, wg_hi_pos;  // the same for this consumer's first and last real row (-1: none)
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  __device__ __forceinline__ Sm90Consumer(const PagedAttentionParams& p, const TileWork& w, int cw,
+                                          int warp, int lane) {
+    const int offset = w.kv_len - w.q_len - w.q_start;  // absolute key position = offset + token
+    const int first = 64 * cw;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = first + 16 * warp + lane / 4 + 8 * h;
+      row_pos[h] = r < w.rows ? offset + w.tok0 + r / p.heads_per_block : -1;
+    }
+    const bool has_rows = first < w.rows;
+    wg_lo_pos = has_rows ? offset + w.tok0 + first / p.heads_per_block : -1;
+    wg_hi_pos = has_rows ? offset + w.tok0 + (min(first + 63, w.rows - 1)) / p.heads_per_block : -1;
+  }
+
+  // Scores of the tile at key0 -> probabilities (in place, log2 domain), running max and sum
+  // updated; returns whether some row's maximum moved (rescale[h]: the factor for O's row h).
+  __device__ __forceinline__ bool Softmax(const PagedAttentionParams& p, float (&s)[kS], int key0,
+                                          int lane, float (&rescale)[2]) {
+    const float scale2 = p.scale * kLog2e;
+    // Every real row of this consumer sees every key of the tile: no mask. (Padding rows get
+    // finite values on such tiles; they are never stored.)
+    const bool visible = key0 + kN - 1 <= wg_lo_pos &&
+                         (p.sliding_window == 0 || key0 > wg_hi_pos - p.sliding_window);
+    const bool fold_scale = visible && p.soft_cap == 0.0f && scale2 > 0.0f;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (fold_scale) {  // max of raw q.k; exp2(s * scale2 - max) below (one FFMA per score)
+#pragma unroll
+      for (int i = 0; i < kS; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
+    } else {
+      // Log2-domain logits (scale, soft cap), then the causal / window mask.
+      if (p.soft_cap > 0.0f) {
+        // soft_cap * tanh(x) with tanh(x) = 1 - 2 / (e^2x + 1): branch-free (tanhf branches on
+        // |x| per element), absolute error ~1e-6, the size that matters before the exp.
+        const float in_scale = 2.0f * kLog2e * p.scale / p.soft_cap;
+        const float out_scale = p.soft_cap * kLog2e;
+#pragma unroll
+        for (int i = 0; i < kS; ++i) {
+          s[i] = out_scale * (1.0f - 2.0f * FastReciprocal(FastExp2(s[i] * in_scale) + 1.0f));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kS; ++i) s[i] *= scale2;
+      }
+      if (!visible) {
+        const int key_lane = key0 + 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < kS; ++i) {
+          const int key = key_lane + 8 * (i / 4) + (i & 1);
+          const int pos = row_pos[(i >> 1) & 1];
+          const bool keep = key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
+          s[i] = keep ? s[i] : -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kS; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
+    }
+    const float mult = fold_scale ? scale2 : 1.0f;
+    float base[2];
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = tile_max[h];
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      m *= mult;  // -inf stays -inf (mult > 0)
+      const float new_max = fmaxf(row_max[h], m);
+      base[h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
+      rescale[h] = FastExp2(row_max[h] - base[h]);
+      moved |= new_max != row_max[h];
+      row_max[h] = new_max;
+      row_sum[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      const int h = (i >> 1) & 1;
+      s[i] = FastExp2(fmaf(s[i], mult, -base[h]));
+      row_sum[h] += s[i];
+    }
+    return moved;
+  }
+
+  // Probabilities (S accumulator layout) -> A fragments of P V, one per 16 keys: the accumulator
+  // columns 16 kk .. 16 kk + 15 of a thread's two rows are the m64k16 A fragment.
+  static __device__ __forceinline__ void ToOperand(const float (&s)[kS],
+                                                   uint32_t (&a)[kKeySteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kKeySteps; ++kk) {
+      a[kk][0] = PackPair<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      a[kk][1] = PackPair<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      a[kk][2] = PackPair<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      a[kk][3] = PackPair<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  }
+
+  static __device__ __forceinline__ void Rescale(float (&o)[kO], const float (&rescale)[2]) {
+#pragma unroll
+    for (int j = 0; j < kO / 4; ++j) {
+      o[4 * j + 0] *= rescale[0];
+      o[4 * j + 1] *= rescale[0];
+      o[4 * j + 2] *= rescale[1];
+      o[4 * j + 3] *= rescale[1];
+    }
+  }
+};
+
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p, const TileWork& w,
+                                                  const KeyRange& range, unsigned char* smem,
+                                                  const Sm90Barriers& bars, int cw) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  using C = Sm90Consumer<T, kD>;
+  constexpr int kN = Cfg::kBlockN;
+  const int tw = static_cast<int>(threadIdx.x) % 128;
+  const int warp = tw / 32;
+  const int lane = tw % 32;
+  C c(p, w, cw, warp, lane);
+  const int num_tiles = range.tile_end - range.tile_begin;
+
+  float o[C::kO];
+#pragma unroll
+  for (int i = 0; i < C::kO; ++i) o[i] = 0.0f;
+
+  if (num_tiles > 0) {
+    // Descriptors: Q and K K-major (leading offset unused; 8-row groups 1024 bytes apart), k16
+    // step ks at +32 bytes inside a 128-byte row, every 4 steps the next 64-column block. V
+    // MN-major: 64-column blocks kN x 128 bytes apart (leading), 8-key groups 1024 apart (stride),
+    // k16 step kk (16 keys) at + 2048 bytes.
+    const uint32_t smem_base = SharedAddress(smem);
+    const uint64_t q_desc =
+        Sm90Descriptor(smem_base + Cfg::kQOffset + cw * 64 * 128, 16, 1024);
+    const uint64_t k_desc = Sm90Descriptor(smem_base + Cfg::kKOffset, 16, 1024);
+    const uint64_t v_desc = Sm90Descriptor(smem_base + Cfg::kVOffset, kN * 128, 1024);
+    auto qk_offset = [](int ks, int rows) -> uint64_t {
+      return static_cast<uint64_t>(((ks / 4) * rows * 128 + (ks % 4) * 32) >> 4);
+    };
+    constexpr uint64_t kTileStep = Cfg::kTileBytes >> 4;
+
+    float s[C::kS];
+    uint32_t pa[C::kKeySteps][4];
+    float rescale[2];
+    const int my_turn = kSm90TurnBarrier + cw;
+    const int other_turn = kSm90TurnBarrier + (1 - cw);
+    if (Cfg::kPingPong && cw == 0) NamedBarrierArrive(my_turn, 256);  // consumer 0 issues first
+
+    // Step 0: S_0 alone.
+    MbarWait(bars.QFull(), 0);
+    MbarWait(bars.KFull(0), 0);
+    FenceProxyAsync();
+    FenceRegisters(s);
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < C::kDSteps; ++ks) {
+      Wgmma<T, kN>::SS(s, q_desc + qk_offset(ks, Cfg::kBlockRows), k_desc + qk_offset(ks, kN),
+                       ks > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegisters(s);
+    MbarArrive(bars.KEmpty(0));
+    const int key_first = range.key_base + range.tile_begin * kN;
+    c.Softmax(p, s, key_first, lane, rescale);  // O is zero: nothing to rescale
+    C::ToOperand(s, pa);
+
+    // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; softmax of S_i while
+    // the PV runs; then rescale O and convert P_i.
+#pragma unroll 1
+    for (int step = 1; step < num_tiles; ++step) {
+      const int stage = step % Cfg::kStages;
+      const uint32_t phase = (step / Cfg::kStages) & 1;
+      const int prev_stage = (step - 1) % Cfg::kStages;
+      const uint32_t prev_phase = ((step - 1) / Cfg::kStages) & 1;
+      MbarWait(bars.KFull(stage), phase);
+      FenceProxyAsync();
+      if (Cfg::kPingPong) NamedBarrierSync(my_turn, 256);
+      FenceRegisters(s);
+      FenceRegisters(o);
+      FenceRegisters(pa);
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < C::kDSteps; ++ks) {
+        Wgmma<T, kN>::SS(s, q_desc + qk_offset(ks, Cfg::kBlockRows),
+                         k_desc + stage * kTileStep + qk_offset(ks, kN), ks > 0);
+      }
+      WgmmaCommit();
+      MbarWait(bars.VFull(prev_stage), prev_phase);
+      FenceProxyAsync();
+      WgmmaFence();  // the PV group reads P from registers
+#pragma unroll
+      for (int kk = 0; kk < C::kKeySteps; ++kk) {
+        Wgmma<T, kD>::RS(o, pa[kk], v_desc + prev_stage * kTileStep + kk * (2048 >> 4), 1);
+      }
+      WgmmaCommit();
+      if (Cfg::kPingPong) NamedBarrierArrive(other_turn, 256);
+      WgmmaWait<1>();  // S_i is done (groups complete in order); P V may still run
+      FenceRegisters(s);
+      MbarArrive(bars.KEmpty(stage));
+      const bool moved = c.Softmax(p, s, key_first + step * kN, lane, rescale);
+      WgmmaWait<0>();
+      FenceRegisters(o);
+      FenceRegisters(pa);
+      MbarArrive(bars.VEmpty(prev_stage));
+      if (__any_sync(0xffffffffu, moved)) C::Rescale(o, rescale);
+      C::ToOperand(s, pa);
+    }
+
+    // The last tile's P V.
+    const int last = num_tiles - 1;
+    const int last_stage = last % Cfg::kStages;
+    MbarWait(bars.VFull(last_stage), (last / Cfg::kStages) & 1);
+    FenceProxyAsync();
+    FenceRegisters(o);
+    FenceRegisters(pa);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < C::kKeySteps; ++kk) {
+      Wgmma<T, kD>::RS(o, pa[kk], v_desc + last_stage * kTileStep + kk * (2048 >> 4), 1);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegisters(o);
+    MbarArrive(bars.VEmpty(last_stage));
+    // Consumer 0 received one turn more than it took (its own first one): take it, so every
+    // named-barrier arrival is matched before the block exits.
+    if (Cfg::kPingPong && cw == 0) NamedBarrierSync(my_turn, 256);
+  }
+
+  // Epilogue. Row sums over the 4 threads of a row; empty splits write zero parts and lse -inf.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    c.row_sum[h] += __shfl_xor_sync(0xffffffffu, c.row_sum[h], 1);
+    c.row_sum[h] += __shfl_xor_sync(0xffffffffu, c.row_sum[h], 2);
+    inv[h] = c.row_sum[h] > 0.0f ? 1.0f / c.row_sum[h] : 0.0f;
+  }
+  const int row_base = 64 * cw + 16 * warp;  // this warp's 16 rows
+  if (w.num_splits == 1) {
+    // Normalised rows go through this warp's own Q rows in shared memory (no wgmma reads them
+    // any more: this consumer's last one has completed, the other consumer reads only its own)
+    // and out in 16-byte stores.
+#pragma unroll
+    for (int j = 0; j < C::kO / 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_base + lane / 4 + 8 * h;
+        *reinterpret_cast<uint32_t*>(smem + Cfg::kQOffset +
+                                     SwizzledOffset<Cfg::kBlockRows>(r, j) + 4 * (lane % 4)) =
+            PackPair<T>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+      }
+    }
+    __syncwarp();
+    T* out = static_cast<T*>(p.out);
+    for (int i = lane; i < 16 * Cfg::kChunksPerRow; i += 32) {
+      const int r = row_base + i / Cfg::kChunksPerRow;
+      if (r >= w.rows) break;  // rows ascend with i
+      const int chunk = i % Cfg::kChunksPerRow;
+      const int token = w.tok0 + r / p.heads_per_block;
+      const int head = w.head0 + r % p.heads_per_block;
+      const uint4 staged = *reinterpret_cast<const uint4*>(
+          smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
+      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
+                                chunk * 8) = staged;
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_base + lane / 4 + 8 * h;
+      if (r >= w.rows) continue;
+      const int token = w.tok0 + r / p.heads_per_block;
+      const int head = w.head0 + r % p.heads_per_block;
+      const int64_t split_row = PartRow(p, w, token, head);
+      float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < C::kO / 4; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+      }
+      if (lane % 4 == 0) {
+        p.partial_lse[split_row] =
+            c.row_sum[h] > 0.0f ? c.row_max[h] + log2f(c.row_sum[h]) : -INFINITY;
+      }
+    }
+  }
+}
+
+// One prefill block: barriers, then the producer / consumer split with register reallocation.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p, const TileWork& w,
+                                                 unsigned char* smem_raw) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  const uint32_t raw = SharedAddress(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const Sm90Barriers bars{SharedAddress(smem) + Cfg::kBarrierOffset, Cfg::kStages};
+  // The tile's metadata goes to shared memory: both roles read it from there, so it holds no
+  // registers through the main loops (the consumers' epilogue reads it again).
+  __shared__ TileWork s_work;
+  __shared__ KeyRange s_range;
+  if (threadIdx.x == 0) {
+    s_work = w;
+    s_range = SplitKeyRange<Cfg::kBlockN>(p, w);
+    MbarInit(bars.QFull(), 128);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      MbarInit(bars.KFull(s), 128);                    // one cp.async arrival per producer thread
+      MbarInit(bars.VFull(s), 128);
+      MbarInit(bars.KEmpty(s), 128 * Cfg::kConsumers);  // every consumer thread releases
+      MbarInit(bars.VEmpty(s), 128 * Cfg::kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    SetMaxRegistersDecrease<Cfg::kProducerRegs>();
+    Sm90Producer<T, kD>(p, s_work, s_range, smem, bars);
+  } else {
+    SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
+    Sm90ConsumerBlock<T, kD>(p, s_work, s_range, smem, bars,
+                             static_cast<int>(threadIdx.x) / 128 - 1);
+  }
+}
+#endif  // XGO_SM90A_DEVICE
+
+// Prefill tiles (and, for D <= 128 with a short region, the short sequences as 16-row decode
+// blocks). Grid and block order as PagedAttentionPrefillKernel; 384 threads, one block per SM.
+template <typename T, int kD>
+__global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
+    PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,
+                                    PrefillGrid g) {
+#if XGO_SM90A_DEVICE
+  using Cfg = Sm90PrefillConfig<kD>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileWork w;
+  int index = 0;
+  if (IsShortBlock(g, index)) {
+    if constexpr (Cfg::kShortRegion) {
+      if (!FindShortTile(p, index, w)) return;
+      if (!w.seq_ok) {
+        PoisonRows<T>(p, w);
+        return;
+      }
+      // The decode body is written for 128 threads; the other warpgroups give their registers
+      // to it and leave (exited threads do not hold up its __syncthreads).
+      if (threadIdx.x >= kThreads) {
+        SetMaxRegistersDecrease<Cfg::kShortIdleRegs>();
+        return;
+      }
+      SetMaxRegistersIncrease<Cfg::kShortRegs>();
+      MmaTileBlock<T, kD, 1, Cfg::kShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(
+          p, w, smem_raw);
+    }
+    return;
+  }
+  if (!FindPrefillTile(p, g.num_q_tiles, index, w)) return;
+  if (!w.seq_ok) {
+    PoisonRows<T>(p, w);
+    return;
+  }
+  Sm90PrefillBlock<T, kD>(p, w, smem_raw);
+#endif
+}
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+from benchmarks import ours
 from benchmarks.cases import OPERANDS, build_inputs, decode_case, scale_of
-from xla_gpu_ops import torch_cuda
 
 BLOCKS, SLOTS = 8192, 8  # kPhaseBlocks, kPhaseSlots
 PHASES = ("pdl-wait", "find", "first-tile", "loop", "epilogue")
@@ -81,7 +81,7 @@ def main() -> None:
         sets = [[build_inputs(case, "cuda", seed=s)[n] for n in OPERANDS] for s in range(4)]
 
         def call(i, sets=sets, case=case):
-            return torch_cuda.paged_attention_cuda(*sets[i % len(sets)], scale_of(case))
+            return ours.launcher_paged_attention(*sets[i % len(sets)], scale=scale_of(case))
 
         for i in range(20):  # warm-up: library load, attributes, caches
             call(i)

@@ -117,7 +117,7 @@ else
   # the whole output goes to run.log; the terminal gets progress lines, then the compact table
   python3 -m benchmarks.run "${quick_flag[@]}" --out "$out" --time-limit "$left" --no-progress \
     "${run_args[@]}" 2>&1 | tee -a "$log" \
-    | grep -E --line-buffered "^\[[0-9]+/[0-9]+\]|FlashInfer|^measuring|GB/s, copy|worker|Error|error:"
+    | grep -E --line-buffered "^\[[0-9]+/[0-9]+\]|^FlashInfer|^measuring|GB/s, copy|worker|Error|error:"
   status=${PIPESTATUS[0]}
   export_cache
   nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$log" 2>&1

@@ -86,6 +86,7 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
     bar = tqdm(list(enumerate(cases))[start:], desc="cases", unit="case", file=sys.stderr,
                disable=not config["show_progress"], mininterval=2.0)  # fmt: skip
     for index, case in bar:
+        case_start = time.time()
         deadline = config.get("deadline")
         if deadline is not None and time.time() > deadline:
             record = {"name": case.name, "kind": case.kind, "params": case.params(),
@@ -110,7 +111,8 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
                               l2_bytes=config["l2_bytes"], progress=bar,
                               skips=skips.get(case.name), on_impl=on_impl,
                               skip_impls=skip_impls)  # fmt: skip
-        print(f"[{index + 1}/{len(cases)}] {_one_line(record)}", flush=True)
+        took = time.time() - case_start
+        print(f"[{index + 1}/{len(cases)}] {_one_line(record)} ({took:.0f} s)", flush=True)
         emit({"event": "case", "index": index, "record": record})
     bar.close()
     return True

@@ -179,16 +179,21 @@ def time_host_per_call(call: Callable[[], object], *, samples: int, calls: int =
     for _ in range(10):  # warm-up: first-call caches, allocator
         call()
     out = []
-    for _ in range(samples):
-        sync()
-        gc.collect()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        t1 = time.perf_counter()
-        sync()
-        out.append(1e6 * (t1 - t0) / calls)
-    return Timing(out, f"host clock over {calls} back-to-back eager calls, sync outside the loop")
+    gc.collect()
+    gc.disable()  # a collection inside one sample (~0.1 s with torch and jax loaded) is noise
+    try:
+        for _ in range(samples):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            t1 = time.perf_counter()
+            sync()
+            out.append(1e6 * (t1 - t0) / calls)
+    finally:
+        gc.enable()
+    method = f"host clock over {calls} back-to-back eager calls, sync outside the loop, no GC"
+    return Timing(out, method)
 
 
 def time_jax_chain(

@@ -174,7 +174,7 @@ def all_cases(quick: bool) -> list[Case]:
     ]
     prefill = [prefill_case(batch, length, head_dim) for head_dim in (128, 64, 256)
                for batch, length in ((1, 8192), (8, 2048))]  # fmt: skip
-    cases = [*key_decode, mixed_case(), *prefill, *overhead_cases(), host_cost_case()]
+    cases = [*key_decode, mixed_case(), *overhead_cases(), host_cost_case(), *prefill]
     if not quick:
         names = {c.name for c in cases}
         for heads in HEADS:

@@ -19,7 +19,10 @@ MIXED_TARGET_FRAC = 0.85
 PREFILL_VS_SDPA = 0.9  # our throughput ≥ 0.9 x SDPA's on contiguous K/V
 ANCHOR_H200_TARGET_US = 139.0
 HOST_COST_TARGET_US = 25.0  # eager host µs per call, the op and the public wrapper
-RECORD_NOISE_PCT = 3.0  # run-to-run noise allowed before a row counts as slower than the record
+# run-to-run noise allowed before a row counts as slower than the record: 3 % and 0.5 µs (a 3 µs
+# row moved by 0.2 µs between two runs of one commit)
+RECORD_NOISE_PCT = 3.0
+RECORD_NOISE_US = 0.5
 HOST_COST_ORDER = ("xgo_op", "xgo_wrapper", "xgo_launcher")
 FLASHINFER = ("flashinfer_decode", "flashinfer_prefill")
 SDPA = ("torch_sdpa_contiguous", "torch_sdpa")
@@ -193,15 +196,17 @@ def compare_with_record(results: dict) -> dict[str, dict]:
             continue
         us = best[1]["median_us"] * (scale if record["kind"] in ("decode", "mixed") else 1.0)
         change = 100 * (us / old["median_us"] - 1)
+        slower = change > RECORD_NOISE_PCT and us - old["median_us"] > RECORD_NOISE_US
         out[record["name"]] = {"record_us": old["median_us"], "us": us, "change_pct": change,
-                               "slower": change > RECORD_NOISE_PCT}  # fmt: skip
+                               "slower": slower}  # fmt: skip
     return out
 
 
 def record_verdict(results: dict) -> dict:
     base = results.get("baseline") or {}
     device = ((results.get("env") or {}).get("gpu") or {}).get("name")
-    target = f"no row slower than the record by more than {RECORD_NOISE_PCT:.0f}% (noise)"
+    target = (f"no row slower than the record by more than {RECORD_NOISE_PCT:.0f}% and "
+              f"{RECORD_NOISE_US} µs (noise)")  # fmt: skip
     row = {"case": "all rows", "target": target}
     if not base:
         return {**row, "verdict": "no committed record to compare with"}

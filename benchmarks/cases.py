@@ -3,7 +3,8 @@
 A case is a ragged batch in the torch_xla ragged_paged_attention layout (docs/DESIGN.md): one
 (q_len, context_len) per sequence. Decode rows have q_len 1; prefill rows q_len == context_len
 (causal); the mixed row holds both. The "overhead" kind times simple_add / a small decode inside
-an XLA program against the same kernel launched eagerly.
+an XLA program against the same kernel launched eagerly; "host_cost" times the host's part of one
+eager call on a tiny decode (benchmarks/host_cost.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ANCHOR = "decode_B32_ctx4k_h32-8_d128_p16"
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # "decode" | "mixed" | "prefill" | "simple_add" | "overhead_decode"
+    kind: str  # "decode" | "mixed" | "prefill" | "simple_add" | "overhead_decode" | "host_cost"
     seqs: tuple[tuple[int, int], ...] = ()  # (q_len, context_len) per sequence
     num_q_heads: int = 32
     num_kv_heads: int = 8
@@ -126,9 +127,16 @@ def mixed_case(seed: int = 1234) -> Case:
     return Case("mixed_4prefill_60decode_h32-8_d128_p16", "mixed", tuple(seqs), slow_peers=True)
 
 
-def prefill_case(batch: int, length: int) -> Case:
-    return Case(f"prefill_B{batch}_len{_k(length)}_h32-8_d128_p16", "prefill",
-                ((length, length),) * batch, slow_peers=True)  # fmt: skip
+def prefill_case(batch: int, length: int, head_dim: int = 128) -> Case:
+    """A causal prefill batch; the D=128 rows also run the slow peers."""
+    return Case(f"prefill_B{batch}_len{_k(length)}_h32-8_d{head_dim}_p16", "prefill",
+                ((length, length),) * batch, head_dim=head_dim,
+                slow_peers=head_dim == 128)  # fmt: skip
+
+
+def host_cost_case() -> Case:
+    """A decode so small that the host is the bottleneck of an eager call."""
+    return Case("host_cost_decode_B1_ctx256_h32-8_d128_p16", "host_cost", ((1, 256),))
 
 
 def overhead_cases() -> list[Case]:
@@ -164,8 +172,9 @@ def all_cases(quick: bool) -> list[Case]:
         decode_case(32, 4096, (32, 8), head_dim=64),
         decode_case(32, 4096, (32, 8), head_dim=256),
     ]
-    cases = [*key_decode, mixed_case(), prefill_case(1, 8192), prefill_case(8, 2048),
-             *overhead_cases()]  # fmt: skip
+    prefill = [prefill_case(batch, length, head_dim) for head_dim in (128, 64, 256)
+               for batch, length in ((1, 8192), (8, 2048))]  # fmt: skip
+    cases = [*key_decode, mixed_case(), *overhead_cases(), host_cost_case(), *prefill]
     if not quick:
         names = {c.name for c in cases}
         for heads in HEADS:
@@ -213,6 +222,7 @@ def smoke_cases() -> list[Case]:
         Case(
             "smoke_simple_add_4k", "simple_add", num_elements=4096, dtype="float32", slow_peers=True
         ),
+        Case("smoke_host_cost_B1_ctx64_h4-2_d64_p16", "host_cost", ((1, 64),), 4, 2, 64, 16),
     ]
 
 

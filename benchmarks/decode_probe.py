@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 from benchmarks import decode_timing as dt
 from benchmarks.cases import OPERANDS, Case, build_inputs, mixed_case, prefill_case
-from benchmarks.run import measure_ceilings
+from benchmarks.ceilings import measure_ceilings
 
 READ_BW = float(os.environ.get("READ_BW", "4475e9"))
 

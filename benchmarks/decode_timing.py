@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
-from xla_gpu_ops import _library
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
+from benchmarks import ours
 
 CASES = {
     # name: (batch, context, num_q_heads, num_kv_heads, head_dim)
@@ -48,7 +50,7 @@ def decode_inputs(batch, context, num_q_heads, num_kv_heads, head_dim, page_size
 
 
 def attention(query, *rest):
-    return torch.ops.xla_gpu.paged_attention(query, *rest, query.shape[-1] ** -0.5)
+    return ours.launcher_paged_attention(query, *rest, scale=query.shape[-1] ** -0.5)
 
 
 def graph_us(sets, calls: int = 10, repeats: int = 30) -> float:
@@ -97,7 +99,7 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"{args.label} library: {_library.library_path()}")
+    print(f"{args.label} library: {ours.library_path()}")
     for name in args.cases.split(","):
         batch, context, hq, hkv, d = CASES[name]
         sets = [decode_inputs(batch, context, hq, hkv, d) for _ in range(2)]

@@ -4,7 +4,8 @@ Each `prepare_<impl>(env, case, copies)` returns a Runner built from the case's 
 (torch tensors, see cases.build_inputs) or raises NotApplicable (the impl does not cover this
 case) / any other exception (recorded as "failed: <reason>"; the run goes on).
 
-Ours:   xgo_torch          C launcher through ctypes, eager torch (xla_gpu_ops.torch_cuda)
+Ours (every call through benchmarks/ours.py):
+        xgo_torch          torch.ops.xla_gpu.paged_attention / simple_add on CUDA tensors (eager)
         xgo_torch_nograph  the same, timed as a plain eager loop (launch cost included)
         xgo_jax_graph      jax.ffi custom call in a jitted program, CUDA graphs on
                            (command buffers incl. CUSTOM_CALL, min graph size 1)
@@ -15,6 +16,8 @@ Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the sa
         torch_flex_paged       FlexAttention over the paged cache (BlockMask from the page table)
         jax_pallas_paged       jax.experimental.pallas.ops.gpu.paged_attention (decode)
         jax_composite          XLA-native gather + einsum + softmax (decode)
+        flashinfer_decode      FlashInfer batch decode, paged KV, tensor cores (benchmarks/flashinfer_peer.py)
+        flashinfer_prefill     FlashInfer batch prefill, paged KV, FA3 on sm_90 (prefill, mixed)
         reference              xla_gpu_ops.reference on the CPU (smoke runs only)
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks import ours
 from benchmarks.cases import OPERANDS, Case, scale_of
 
 # XLA options per compile (jax.jit compiler_options). XLA's defaults (jax 0.11 / XLA 2026) record
@@ -104,21 +108,17 @@ def _canon(tensor):
 # ------------------------------------------------------------------------------ ours: torch
 def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool = True) -> Runner:
     if not env.on_gpu:
-        raise NotApplicable("needs a CUDA GPU (C launcher)")
-    import torch
-
-    import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
-
+        raise NotApplicable("needs a CUDA GPU (the CUDA kernel of the torch op)")
     if case.kind == "simple_add":
 
         def make(c):
-            return lambda: torch.ops.xla_gpu.simple_add(c["a"], c["b"])
+            return lambda: ours.op_simple_add(c["a"], c["b"])
     else:
         scale = scale_of(case)
 
         def make(c):
             args = [c[name] for name in OPERANDS]
-            return lambda: torch.ops.xla_gpu.paged_attention(*args, scale)
+            return lambda: ours.op_paged_attention(*args, scale=scale)
 
     calls = [make(c) for c in copies]
     return Runner("torch", lambda: _canon(calls[0]()), calls=calls, graph=graph)
@@ -173,12 +173,10 @@ def _first(result):
 
 # ------------------------------------------------------------------------------ ours: jax
 def _xgo_jax_op(env: BenchEnv, case: Case):
-    from xla_gpu_ops import jax as xgo_jax
-
     if case.kind == "simple_add":
-        return lambda a, b: _first(xgo_jax.simple_add(a, b))
+        return lambda a, b: _first(ours.jax_simple_add(a, b))
     scale = scale_of(case)
-    return lambda q, s: _first(xgo_jax.paged_attention(q, *s, scale=scale))
+    return lambda q, s: _first(ours.jax_paged_attention(q, *s, scale=scale))
 
 
 def _jax_sets(env: BenchEnv, case: Case, copies: list[dict]):
@@ -203,21 +201,18 @@ def prepare_xgo_jax_nograph(env, case, copies):
 
 
 def prepare_xgo_torchax(env, case, copies):
-    import torch
     import torchax
     import torchax.interop
 
-    from xla_gpu_ops import torchax as xgo_torchax
-
-    xgo_torchax.register()
+    ours.torchax_register()
     if case.kind == "simple_add":
-        jax_fn = torchax.interop.jax_view(lambda a, b: torch.ops.xla_gpu.simple_add(a, b))
+        jax_fn = torchax.interop.jax_view(ours.op_simple_add)
         op = jax_fn
     else:
         scale = scale_of(case)
 
         def torch_fn(q, kv, lens, tables, starts, n):
-            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale)
+            return ours.op_paged_attention(q, kv, lens, tables, starts, n, scale=scale)
 
         jax_fn = torchax.interop.jax_view(torch_fn)
 
@@ -455,15 +450,19 @@ def prepare_jax_composite(env, case, copies):
 def prepare_reference(env, case, copies):
     if env.on_gpu:
         raise NotApplicable("CPU smoke runs only (a per-sequence Python loop)")
-    from xla_gpu_ops import reference
-
     if case.kind == "simple_add":
-        calls = [lambda c=c: reference.simple_add(c["a"], c["b"]) for c in copies]
+        calls = [lambda c=c: ours.reference_simple_add(c["a"], c["b"]) for c in copies]
     else:
         scale = scale_of(case)
-        calls = [lambda c=c: reference.paged_attention(*(c[n] for n in OPERANDS), scale)
+        calls = [lambda c=c: ours.reference_paged_attention(*(c[n] for n in OPERANDS), scale=scale)
                  for c in copies]  # fmt: skip
     return Runner("torch", lambda: _canon(calls[0]()), calls=calls)
+
+
+def _flashinfer():
+    from benchmarks import flashinfer_peer
+
+    return flashinfer_peer
 
 
 @dataclass(frozen=True)
@@ -531,7 +530,11 @@ IMPLS: tuple[ImplSpec, ...] = (
     ),
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
+    ImplSpec("flashinfer_decode", "peer", frozenset({"decode"}), False,
+             lambda env, case, copies: _flashinfer().prepare_decode(env, case, copies)),
+    ImplSpec("flashinfer_prefill", "peer", frozenset({"prefill", "mixed"}), False,
+             lambda env, case, copies: _flashinfer().prepare_prefill(env, case, copies)),
     ImplSpec("reference", "peer", ALL, False, prepare_reference),
-)
+)  # fmt: skip
 # The implementation whose numbers carry the verdicts, in order of preference.
 PRIMARY_ORDER = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph", "reference")

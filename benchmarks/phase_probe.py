@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
-import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from benchmarks import ours
 from benchmarks.cases import OPERANDS, build_inputs, decode_case, scale_of
 
 BLOCKS, SLOTS = 8192, 8  # kPhaseBlocks, kPhaseSlots
@@ -81,7 +81,7 @@ def main() -> None:
         sets = [[build_inputs(case, "cuda", seed=s)[n] for n in OPERANDS] for s in range(4)]
 
         def call(i, sets=sets, case=case):
-            return torch.ops.xla_gpu.paged_attention(*sets[i % len(sets)], scale_of(case))
+            return ours.launcher_paged_attention(*sets[i % len(sets)], scale=scale_of(case))
 
         for i in range(20):  # warm-up: library load, attributes, caches
             call(i)

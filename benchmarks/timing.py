@@ -165,6 +165,37 @@ def _time_host(calls, *, samples: int, target_us: float, max_reps: int) -> Timin
     return Timing(out, f"host perf_counter loop; {reps} calls per sample over {len(calls)} copies")
 
 
+def time_host_per_call(call: Callable[[], object], *, samples: int, calls: int = 100) -> Timing:
+    """Host time per eager call: `calls` back-to-back calls on the host clock, the sync outside.
+
+    On a tiny shape each kernel ends long before the host issues the next call, so this is what
+    the host spends per call (a call that syncs by itself pays its wait too).
+    """
+    import gc
+
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(10):  # warm-up: first-call caches, allocator
+        call()
+    out = []
+    gc.collect()
+    gc.disable()  # a collection inside one sample (~0.1 s with torch and jax loaded) is noise
+    try:
+        for _ in range(samples):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            t1 = time.perf_counter()
+            sync()
+            out.append(1e6 * (t1 - t0) / calls)
+    finally:
+        gc.enable()
+    method = f"host clock over {calls} back-to-back eager calls, sync outside the loop, no GC"
+    return Timing(out, method)
+
+
 def time_jax_chain(
     program: Callable,
     first_carry,

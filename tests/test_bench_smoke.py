@@ -1,13 +1,18 @@
 """The benchmark harness's CPU smoke run, in-process: it must write sane JSON, table and plot.
 
-The smoke run uses tiny shapes and host timings; it checks the harness code paths, not speed.
-A planted failing implementation must be recorded as "failed: <reason>" without stopping the run.
+The smoke run uses tiny shapes and host timings; it checks the harness code paths, not speed, and
+judges no target. A planted failing implementation must be recorded as "failed: <reason>" without
+stopping the run. Also: FlashInfer's page metadata and kernel-cache files, the verdicts on a
+made-up GPU run, and filing a record.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import subprocess
 
 import pytest
 
@@ -15,8 +20,19 @@ pytest.importorskip("matplotlib", reason="the harness plots with matplotlib")
 pytest.importorskip("tqdm", reason="the harness shows a tqdm progress bar")
 torch = pytest.importorskip("torch", reason="the harness builds inputs with torch")
 
-from benchmarks import peers, run  # noqa: E402
-from benchmarks.cases import all_cases, smoke_cases  # noqa: E402
+from benchmarks import (  # noqa: E402
+    case_runner,
+    flashinfer_peer,
+    host_cost,
+    ours,
+    peers,
+    per_call,
+    record,
+    report,
+    run,
+    workers,
+)
+from benchmarks.cases import all_cases, build_inputs, decode_case, mixed_case, smoke_cases  # noqa: E402
 
 PLANTED = "planted_failure"
 
@@ -59,7 +75,7 @@ def test_smoke_json_is_sane(smoke):
     assert ceil["read_gbps"] > 0
     assert ceil["copy_gbps"] > 0
     assert ceil["matmul_tflops"] > 0
-    assert len(on_disk["verdicts"]) == len(on_disk["cases"])
+    assert on_disk["verdicts"] == []  # a smoke run judges no target
     ok_count = 0
     for case in on_disk["cases"]:
         assert case["bytes"] > 0
@@ -75,10 +91,13 @@ def test_smoke_json_is_sane(smoke):
             assert math.isfinite(med)
             assert med > 0
             assert entry["p10_us"] <= med <= entry["p90_us"]
-            assert entry["gbps"] == pytest.approx(case["bytes"] / med / 1e3)
-            assert entry["frac_floor"] == pytest.approx(case["floor_us"] / med)
+            if case["kind"] != "host_cost":
+                assert entry["gbps"] == pytest.approx(case["bytes"] / med / 1e3)
+                assert entry["frac_floor"] == pytest.approx(case["floor_us"] / med)
             if "check" in entry:
                 assert entry["check"] == "ok", (case["name"], name, entry.get("rel_l2_err"))
+        if case["kind"] == "host_cost":
+            continue
         planted = case["impls"][PLANTED]
         assert planted["status"] == "failed"
         assert "planted failure" in planted["reason"]
@@ -90,7 +109,37 @@ def test_smoke_json_is_sane(smoke):
     assert "noise_pct" in decode["impls"]["reference"]  # the same version timed twice
 
 
-def test_smoke_table_lists_cases_and_verdicts(smoke, capsys):
+def test_smoke_checks_ours_against_sdpa_and_flashinfer(smoke):
+    """Every paged row compares our output with SDPA's and FlashInfer's (or says why not)."""
+    _, results = smoke
+    for case in results["cases"]:
+        if case["kind"] not in ("decode", "mixed", "prefill"):
+            continue
+        cross = case["cross_check"]
+        assert cross["ours"] is not None, case["name"]
+        sdpa = {k: v for k, v in cross["against"].items() if "sdpa" in k}
+        assert [v["check"] for v in sdpa.values()] == ["ok"], (case["name"], cross)
+        (fi,) = [v for k, v in cross["against"].items() if k.startswith("flashinfer")]
+        assert fi["check"] == "not run", (case["name"], fi)
+        assert fi["reason"], (case["name"], fi)
+        if importlib.util.find_spec("flashinfer") is None:
+            assert fi["reason"].startswith("not installed"), fi
+
+
+def test_smoke_host_cost_row(smoke):
+    _, results = smoke
+    (host,) = [c for c in results["cases"] if c["kind"] == "host_cost"]
+    impls = host["impls"]
+    assert list(impls) == [name for name, _ in host_cost.ROWS]
+    for name in ("xgo_op", "xgo_wrapper", "torch_sdpa"):
+        assert impls[name]["status"] == "ok", (name, impls[name])
+        assert impls[name]["median_us"] > 0
+    assert impls["xgo_wrapper"]["check"] == "ok"  # same output as the op
+    assert impls["torch_sdpa"]["check"] == "ok"
+    assert impls["xgo_launcher"]["status"] == "n/a"  # the C launcher needs a GPU
+
+
+def test_smoke_table_lists_cases_and_no_verdicts(smoke, capsys):
     out, _ = smoke
     table = (out / "table.md").read_text()
     assert "## Verdicts" in table
@@ -98,16 +147,28 @@ def test_smoke_table_lists_cases_and_verdicts(smoke, capsys):
     for case in smoke_cases():
         assert case.name in table
     assert "failed: RuntimeError: planted failure" in table
+    assert "MISSED" not in table
+    assert "met (" not in table
+    assert "No verdicts" in table
+
+
+def test_smoke_default_output_is_git_ignored():
+    assert run.SMOKE_DIR.relative_to(run.ROOT).as_posix() == "artifacts/bench-smoke"
+    if not (run.ROOT / ".git").exists():
+        pytest.skip("no git checkout")
+    probe = subprocess.run(["git", "-C", str(run.ROOT), "check-ignore", "-q",
+                            "artifacts/bench-smoke/results.json"], check=False)  # fmt: skip
+    assert probe.returncode == 0, "artifacts/bench-smoke/ must be ignored by git"
 
 
 def test_smoke_runs_our_host_handler(smoke):
     """With the library built, our XLA:CPU host handler runs inside the jitted chain and agrees."""
-    from xla_gpu_ops import _library
-
-    if not _library.is_built():
+    if not ours.library_built():
         pytest.skip("libxla_gpu_ops.so is not built (nox -s build)")
     _, results = smoke
     for case in results["cases"]:
+        if case["kind"] == "host_cost":
+            continue
         entry = case["impls"]["xgo_jax_nograph"]
         assert entry["status"] == "ok", (case["name"], entry)
         assert entry.get("check") == "ok", (case["name"], entry)
@@ -128,7 +189,12 @@ def test_quick_grid_keeps_required_rows():
     assert any("_d64_" in n for n in names)
     assert any("_d256_" in n for n in names)
     kinds = {c.kind for c in all_cases(quick=True)}
-    assert kinds == {"decode", "mixed", "prefill", "simple_add", "overhead_decode"}
+    assert kinds == {"decode", "mixed", "prefill", "simple_add", "overhead_decode", "host_cost"}
+    prefill = {
+        (c.batch, c.seqs[0][0], c.head_dim) for c in all_cases(quick=True) if c.kind == "prefill"
+    }
+    assert prefill == {(b, n, d) for b, n in ((1, 8192), (8, 2048)) for d in (64, 128, 256)}
+    assert len(flashinfer_peer.modules_needed(all_cases(quick=True))) == 6  # D 64/128/256 x 2
     full = all_cases(quick=False)
     assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3
 
@@ -143,7 +209,7 @@ def test_isolated_run_survives_a_dying_worker(tmp_path):
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        run.PLANTED_CRASH_ENV: "smoke_simple_add:reference",
+        workers.PLANTED_CRASH_ENV: "smoke_simple_add:reference",
     }
     cmd = [sys.executable, "-m", "benchmarks.run", "--cpu", "--isolate", "--no-progress",
            "--samples", "2", "--cases", "smoke_simple_add", "--out", str(tmp_path)]  # fmt: skip
@@ -164,10 +230,10 @@ def test_isolated_run_survives_a_dying_worker(tmp_path):
 def test_crash_reason_reads_past_the_last_marker():
     noise = "RuntimeError: startup noise\n"
     text = (
-        f"{noise}{run.IMPL_MARKER} a:b\nIndexKernel.cu:111: Assertion `index out of bounds` failed.\n"
+        f"{noise}{workers.IMPL_MARKER} a:b\nIndexKernel.cu:111: Assertion `index out of bounds` failed.\n"
         "torch.AcceleratorError: CUDA error: device-side assert triggered\n"
     )
-    reason = run._crash_reason(text, -6)
+    reason = workers._crash_reason(text, -6)
     assert "exit status -6" in reason
     assert "index out of bounds" in reason
     assert "device-side assert" in reason
@@ -190,24 +256,26 @@ MIXED_DUMP = """000: kCommandBuffer
 
 
 def test_thunk_dump_parser_tells_graph_from_no_graph():
-    graph = run.parse_thunk_sequence(GRAPH_DUMP)
+    graph = per_call.parse_thunk_sequence(GRAPH_DUMP)
     assert graph["custom_call_in_command_buffer"] == 2
     assert graph["custom_call_outside"] == 0
     assert graph["command_buffers"] == 1
     # evidence carries the line number in the dump
     assert graph["lines"]["custom_call"].startswith("2: 000: kCustomCall")
-    nograph = run.parse_thunk_sequence(NOGRAPH_DUMP)
+    nograph = per_call.parse_thunk_sequence(NOGRAPH_DUMP)
     assert nograph["custom_call_in_command_buffer"] == 0
     assert nograph["custom_call_outside"] == 2
-    mixed = run.parse_thunk_sequence(MIXED_DUMP)  # a graph exists, but not around the call
+    mixed = per_call.parse_thunk_sequence(MIXED_DUMP)  # a graph exists, but not around the call
     assert mixed["custom_call_in_command_buffer"] == 0
     assert mixed["custom_call_outside"] == 1
     # a function named like the old search pattern in HLO metadata is not evidence
-    assert run.parse_thunk_sequence('op_name="command_buffer_evidence"')["command_buffers"] == 0
+    assert (
+        per_call.parse_thunk_sequence('op_name="command_buffer_evidence"')["command_buffers"] == 0
+    )
 
 
 def test_cases_run_in_pattern_order():
-    names = [c.name for c in run.select_cases(smoke_cases(), ["smoke_simple", "smoke_decode"])]
+    names = [c.name for c in workers.select_cases(smoke_cases(), ["smoke_simple", "smoke_decode"])]
     assert names[0].startswith("smoke_simple")
     assert names[-1].startswith("smoke_decode")
     assert len(names) == len(set(names))
@@ -216,8 +284,6 @@ def test_cases_run_in_pattern_order():
 def test_torch_compile_peer_never_runs_after_torchax(monkeypatch):
     """torchax breaks torch.compile in torch 2.11 (seen on the H200): a clean-torch peer runs
     before torchax in its case, and is refused (with the reason) once torchax is loaded."""
-    from benchmarks.cases import build_inputs
-
     monkeypatch.setenv(peers.FORCE_CLEAN_TORCH_ENV, "1")
     env = peers.BenchEnv(False)
     case = smoke_cases()[0]
@@ -225,7 +291,7 @@ def test_torch_compile_peer_never_runs_after_torchax(monkeypatch):
     flex = next(s for s in peers.IMPLS if s.name == "torch_flex_paged")
     assert peers.needs_clean_process(flex, env)
     monkeypatch.setattr(peers, "torchax_loaded", lambda: True)
-    assert run.needs_fresh_process(case, env, None)
+    assert case_runner.needs_fresh_process(case, env, None)
     order = []
     monkeypatch.setattr(
         peers,
@@ -245,11 +311,11 @@ def test_torch_compile_peer_never_runs_after_torchax(monkeypatch):
     )
     assert build_inputs  # the case builds its own inputs
     ceilings = {"read_gbps": 1.0, "matmul_tflops": 1.0}
-    record = run.run_case(env, case, ceilings, samples=2, budget_bytes=1e9, l2_bytes=2**20)
-    assert list(record["impls"]) == ["xgo_torchax", "torch_flex_paged", "reference"]
-    flex_entry = record["impls"]["torch_flex_paged"]
+    result = case_runner.run_case(env, case, ceilings, samples=2, budget_bytes=1e9, l2_bytes=2**20)
+    assert list(result["impls"]) == ["xgo_torchax", "torch_flex_paged", "reference"]
+    flex_entry = result["impls"]["torch_flex_paged"]
     assert flex_entry["status"] == "failed"
-    assert flex_entry["reason"] == run.TORCHAX_LOADED_REASON
+    assert flex_entry["reason"] == case_runner.TORCHAX_LOADED_REASON
     assert order == ["xgo_torchax", "reference"]  # flex was never prepared
 
 
@@ -284,14 +350,14 @@ def test_isolated_run_moves_flex_to_a_fresh_worker(tmp_path):
 
 
 def test_fingerprint_in_chunks_equals_the_whole_sum_and_sees_one_change(monkeypatch):
-    monkeypatch.setattr(run, "FINGERPRINT_CHUNK", 1000)  # many chunks, one partial
+    monkeypatch.setattr(case_runner, "FINGERPRINT_CHUNK", 1000)  # many chunks, one partial
     big = torch.randint(-30000, 30000, ((1 << 20) + 12345,), dtype=torch.int16)
     small = torch.arange(10, dtype=torch.int32)
-    prints = run._fingerprint([{"kv_cache": big, "lens": small}])
+    prints = case_runner._fingerprint([{"kv_cache": big, "lens": small}])
     assert prints[0] == int(big.sum(dtype=torch.int64))  # sorted keys: kv_cache, lens
     changed = big.clone()
     changed[-1] += 1  # in the last, partial chunk
-    assert run._fingerprint([{"kv_cache": changed, "lens": small}])[0] == prints[0] + 1
+    assert case_runner._fingerprint([{"kv_cache": changed, "lens": small}])[0] == prints[0] + 1
 
 
 def test_release_cached_memory_waits_in_proportion_to_what_it_freed(monkeypatch):
@@ -307,3 +373,152 @@ def test_release_cached_memory_waits_in_proportion_to_what_it_freed(monkeypatch)
     assert timing.release_cached_memory() == pytest.approx(expected)
     assert timing.release_cached_memory() == 0.0  # 64 MiB: below FREED_SETTLE_MIN_BYTES
     assert waits == [pytest.approx(expected)]
+
+
+# ------------------------------------------------------------------------------ FlashInfer
+def test_flashinfer_page_metadata_matches_block_tables():
+    """CSR pages (indptr, indices, last_page_len) name the same pages as block_tables, in order."""
+    case = mixed_case()
+    inputs = build_inputs(case, "cpu", seed=3)
+    indptr, indices, last = flashinfer_peer.page_metadata(case, inputs)
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+    assert indptr[0] == 0
+    assert len(indptr) == case.batch + 1
+    for i, (_, ctx) in enumerate(case.seqs):
+        pages = -(-ctx // case.page_size)
+        assert indptr[i + 1] - indptr[i] == pages
+        assert torch.equal(indices[indptr[i] : indptr[i + 1]], inputs["block_tables"][i, :pages])
+        assert 1 <= last[i] <= case.page_size
+        assert (pages - 1) * case.page_size + last[i] == ctx
+
+
+def test_flashinfer_kv_views_are_our_even_and_odd_heads():
+    case = decode_case(2, 40, (4, 2), head_dim=64)
+    kv = build_inputs(case, "cpu", seed=5)["kv_cache"]
+    k, v = flashinfer_peer.kv_views(kv)
+    assert k.shape == v.shape == (kv.shape[0], case.page_size, case.num_kv_heads, case.head_dim)
+    assert k.stride() == v.stride()  # FlashInfer requires equal K and V strides
+    assert k.data_ptr() == kv.data_ptr()  # views: no copy
+    assert torch.equal(k[:, :, 1], kv[:, :, 2])
+    assert torch.equal(v[:, :, 1], kv[:, :, 3])
+
+
+def test_flashinfer_absent_is_reported_not_raised(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flashinfer" else real(name, *a))  # fmt: skip
+    assert flashinfer_peer.unavailable().startswith("not installed")
+    case = decode_case(1, 32, (4, 2), head_dim=64)
+    with pytest.raises(peers.NotApplicable, match="not installed"):
+        flashinfer_peer.prepare_decode(peers.BenchEnv(False), case, [])
+    assert flashinfer_peer.main(["prebuild"]) == 0  # says so, builds nothing
+
+
+def test_flashinfer_cache_round_trip_in_parts(tmp_path, monkeypatch):
+    """Built modules pack into files below the size limit and unpack into the AOT directory."""
+    jit_dir, aot_dir = tmp_path / "jit", tmp_path / "aot"
+    for name in ("batch_prefill_a", "batch_prefill_b"):
+        (jit_dir / name).mkdir(parents=True)
+        (jit_dir / name / f"{name}.so").write_bytes(os.urandom(3000))
+        (jit_dir / name / "x.cuda.o").write_bytes(b"object files stay behind")
+    monkeypatch.setattr(flashinfer_peer, "_dirs", lambda: (jit_dir, aot_dir))
+    monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.6.13")
+    monkeypatch.setattr(flashinfer_peer, "_cuda_arch", lambda: "sm_90")
+    monkeypatch.setattr(flashinfer_peer, "MAX_PART_BYTES", 2500)
+    files = flashinfer_peer.export_cache(tmp_path / "out" / "cache.tar.xz")
+    assert len(files) >= 2
+    assert all(f.stat().st_size <= 2500 for f in files)
+    assert flashinfer_peer.import_cache(tmp_path / "out" / "cache.tar.xz").startswith("2 modules")
+    for name in ("batch_prefill_a", "batch_prefill_b"):
+        got = (aot_dir / name / f"{name}.so").read_bytes()
+        assert got == (jit_dir / name / f"{name}.so").read_bytes()
+    assert not list(aot_dir.rglob("*.o"))
+    monkeypatch.setattr(flashinfer_peer, "_cuda_arch", lambda: "sm_80")
+    assert flashinfer_peer.import_cache(tmp_path / "out" / "cache.tar.xz").startswith("skipped")
+
+
+# ------------------------------------------------------------------------------ verdicts
+def _entry(us, **extra):
+    return {"role": "peer", "status": "ok", "median_us": us, "p10_us": us, "p90_us": us, **extra}
+
+
+def _gpu_results(device="NVIDIA H200", baseline_device="NVIDIA H200", ours_prefill=900.0):
+    decode = {"name": "decode_B1_ctx64k_h32-8_d128_p16", "kind": "decode", "floor_us": 60.0,
+              "params": {"head_dim": 128, "batch": 1, "context_max": 65536},
+              "impls": {"xgo_torch": _entry(64.0, role="ours", frac_floor=60 / 64),
+                        "flashinfer_decode": _entry(66.0)}}  # fmt: skip
+    prefill = {"name": "prefill_B1_len8k_h32-8_d128_p16", "kind": "prefill", "floor_us": 40.0,
+               "params": {"head_dim": 128, "batch": 1, "context_max": 8192},
+               "impls": {"xgo_torch": _entry(ours_prefill, role="ours", frac_floor=0.04),
+                         "torch_sdpa_contiguous": _entry(850.0),
+                         "flashinfer_prefill": _entry(1000.0)}}  # fmt: skip
+    host = {"name": "host_cost_decode_B1_ctx256_h32-8_d128_p16", "kind": "host_cost",
+            "impls": {"xgo_op": _entry(30.0, role="ours"), "xgo_wrapper": _entry(20.0, role="ours")}}  # fmt: skip
+    results = {"env": {"gpu": {"name": device}, "git_commit": "abc", "date_utc": "2026-11-23T00:00:00Z"},
+               "ceilings": {"read_gbps": 4000.0}, "cases": [decode, prefill, host],
+               "baseline": {"device": baseline_device, "commit": "7411aa3",
+                            "rows": {decode["name"]: {"impl": "xgo_torch", "median_us": 71.0},
+                                     prefill["name"]: {"impl": "xgo_torch", "median_us": 800.0}}}}  # fmt: skip
+    results["verdicts"] = report.verdicts(results)
+    return results
+
+
+def _verdict(results, case_prefix, target_word):
+    return next(v["verdict"] for v in results["verdicts"]
+                if v["case"].startswith(case_prefix) and target_word in v["target"]
+                and (v.get("impl") != "xgo_wrapper" or case_prefix != "host"))  # fmt: skip
+
+
+def test_verdicts_judge_each_target():
+    results = _gpu_results()
+    assert _verdict(results, "decode", "floor").startswith("met (0.94 ≥ 0.90")  # B=1 x 64k: 0.9
+    assert _verdict(results, "decode", "FlashInfer").startswith("met (64.0 ≤ 66.0")
+    assert _verdict(results, "prefill", "FlashInfer").startswith("met (900.0 ≤ 1000.0")
+    # 0.9x SDPA's throughput: time ≤ 850 / 0.9 = 944.4 µs
+    assert _verdict(results, "prefill", "SDPA").startswith("met (900.0 ≤ 944.4")
+    host = [v for v in results["verdicts"] if v["case"].startswith("host")]
+    assert [v["verdict"].split(" ")[0] for v in host] == ["MISSED", "met"]  # op 30, wrapper 20
+    slower = _gpu_results(ours_prefill=1200.0)
+    assert _verdict(slower, "prefill", "SDPA").startswith("MISSED by 27%")
+    assert _verdict(slower, "prefill", "FlashInfer").startswith("MISSED by 20%")
+
+
+def test_record_comparison_needs_the_same_device():
+    same = _gpu_results(ours_prefill=900.0)  # 800 -> 900 µs: 12.5 % slower
+    verdict = _verdict(same, "all rows", "record")
+    assert verdict.startswith("MISSED: 1 of 2 rows slower")
+    assert "prefill_B1_len8k" in verdict
+    other = _gpu_results(device="NVIDIA H100 80GB HBM3")
+    assert _verdict(other, "all rows", "record").startswith("not comparable")
+    assert report.compare_with_record(other) == {}
+    text = report.compact(same)
+    assert "+12.5%" in text
+    assert "MISSED" in text
+
+
+def test_record_filing_keeps_one_record_and_lists_the_rest(tmp_path, monkeypatch):
+    results_dir = tmp_path / "results"
+    (results_dir / "2026-11-22-nvidia-h200-7411aa3").mkdir(parents=True)
+    (results_dir / "2026-11-22-nvidia-h200-7411aa3" / "table.md").write_text("old")
+    (results_dir / "RESULTS.md").write_text(
+        record.results_md(
+            ["| 2026-11-22-nvidia-h200-7411aa3 | NVIDIA H200 | 7411aa3 | old | [x/](x/) |"]
+        )
+    )
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    results = _gpu_results()
+    results["env"].update(git_commit="0123456789abcdef", torch="2.11", jax="0.11.2", mode="full")
+    results["ceilings"].update(copy_gbps=4000.0, matmul_tflops=700.0, matmul_dtype="bfloat16",
+                               read_method="r", copy_method="c", matmul_method="m")  # fmt: skip
+    (run_dir / "results.json").write_text(json.dumps(results))
+    (run_dir / "flashinfer-jit-cache.tar.xz").write_bytes(b"not a record file")
+    monkeypatch.setattr(record, "_head_commit", lambda: "fedcba9")
+    dest = record.file_record(run_dir, results_dir)
+    assert dest.name == "2026-11-23-nvidia-h200-0123456"
+    assert sorted(p.name for p in results_dir.iterdir()) == [dest.name, "RESULTS.md"]
+    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "results.json"]
+    rows = record._table_rows((results_dir / "RESULTS.md").read_text())
+    assert rows[0].startswith(f"| {dest.name} | NVIDIA H200 | 0123456 |")
+    assert rows[1].endswith("| git history, last in the tree at fedcba9 |")
+    assert "MISSED" in (dest / "README.md").read_text()  # its verdict summary

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Correctness on a GPU host; run from the repository root:
+#
+#   bash benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--library FILE] [STEP ...]
+#
+# STEP: tests (the whole suite, default), kernels (the CUDA kernel tests), frontends (torchax and
+# JAX tests), examples (the example in every mode this host has), sanitizer (compute-sanitizer
+# memcheck and racecheck on a reduced kernel selection), timing (benchmarks/kernels_timing.py).
+# Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
+# --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies
+# into a temporary directory. DIR (default artifacts/gpu-check/<UTC time>) receives one log per
+# step and device.txt; the last lines printed are the summary.
+set -uo pipefail
+out="" wheels=".whl" library="" steps=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --out) out=$2; shift ;;
+    --wheels) wheels=$2; shift ;;
+    --library) library=$2; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
+    *) steps+=("$1") ;;
+  esac
+  shift
+done
+[[ ${#steps[@]} -gt 0 ]] || steps=(tests)
+out=${out:-artifacts/gpu-check/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+# torch (eager CUDA) and jax share the GPU in one process: no 75 % preallocation by jax
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+if [[ -n $library ]]; then
+  export XLA_GPU_OPS_LIBRARY=$(cd "$(dirname "$library")" && pwd)/$(basename "$library")
+fi
+if compgen -G "$wheels/*.whl" > /dev/null; then
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl 2>&1 | tail -3
+  export PYTHONPATH="$PYTHONPATH:$site"
+fi
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import importlib.util as u, torch, jax; print('torch', torch.__version__, 'jax', \
+jax.__version__, jax.devices(), 'torchax', 'present' if u.find_spec('torchax') else 'absent')"
+} 2>&1 | tee "$out/device.txt"
+
+PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider -p no:benchmark)
+# CPU-only files: container lint (needs hadolint), the torch_xla 2.7 stack, the bench smoke run
+NOT_GPU=(--ignore=tests/test_bench_smoke.py --ignore=tests/test_container_lint.py
+  --ignore=tests/test_xla_cuda_stack.py)
+SANITIZED="dtypes_head_dims or bad_sequence or bad_num_seqs or empty_sequences or simple_add_matches"
+SANITIZED+=" or short_sequences_window or bad_short_sequence or (large_prefill_batch and 2000)"
+summary=()
+for step in "${steps[@]}"; do
+  case $step in
+    tests) timeout 420 "${PYTEST[@]}" tests/ "${NOT_GPU[@]}" -n 4 > "$out/tests.txt" 2>&1 ;;
+    kernels) timeout 300 "${PYTEST[@]}" tests/test_kernels_cuda.py -n 8 > "$out/kernels.txt" 2>&1 ;;
+    frontends) timeout 300 "${PYTEST[@]}" -m "torchax or jax" tests/ -n 4 > "$out/frontends.txt" 2>&1 ;;
+    examples)
+      : > "$out/examples.txt"
+      ok=0
+      for args in "--dtype float32" "--dtype bfloat16 --sliding-window 7 --soft-cap 3"; do
+        # shellcheck disable=SC2086  # one string of options per run
+        timeout 120 python3 examples/xla_gpu_attention.py --mode all $args >> "$out/examples.txt" 2>&1 || ok=1
+      done
+      (exit $ok) ;;
+    sanitizer)
+      ok=0
+      for tool in memcheck racecheck; do
+        timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+          "${PYTEST[@]}" tests/test_kernels_cuda.py -k "$SANITIZED" > "$out/sanitizer-$tool.txt" 2>&1 || ok=1
+      done
+      (exit $ok) ;;
+    timing) timeout 300 python3 benchmarks/kernels_timing.py > "$out/timing.txt" 2>&1 ;;
+    *) echo "gpu_check.sh: unknown step $step" >&2; false ;;
+  esac
+  rc=$?
+  summary+=("$step: exit status $rc")
+  for f in "$out/$step"*.txt; do [[ -f $f ]] && tail -3 "$f" | sed "s|^|  $(basename "$f"): |"; done
+done
+echo
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+! grep -q "status [1-9]" "$out/summary.txt"

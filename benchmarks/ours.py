@@ -1,0 +1,120 @@
+"""Every call from the benchmarks into xla_gpu_ops, in one place.
+
+The harness measures the package through these functions only, so a change of the package's
+internals is followed here and nowhere else. Public API where it suffices; the launcher row of the
+eager host-cost measurement is the one place that reaches below it on purpose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+# ------------------------------------------------------------------------------ the library
+def library_path() -> Path:
+    from xla_gpu_ops import _library
+
+    return _library.library_path()
+
+
+def library_built() -> bool:
+    from xla_gpu_ops import _library
+
+    return _library.is_built()
+
+
+def library_abi_version() -> int:
+    from xla_gpu_ops import _library
+
+    return int(_library.load().cdll.xla_gpu_ops_abi_version())
+
+
+# ------------------------------------------------------------------------------ torch
+def op_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
+                       *, scale: float):  # fmt: skip
+    """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel)."""
+    import torch
+
+    import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
+
+    return torch.ops.xla_gpu.paged_attention(
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale
+    )
+
+
+def op_simple_add(a, b):
+    import torch
+
+    import xla_gpu_ops  # noqa: F401
+
+    return torch.ops.xla_gpu.simple_add(a, b)
+
+
+def wrapper_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                            num_seqs, *, scale: float):  # fmt: skip
+    """xla_gpu_ops.paged_attention with its default arguments (what a user calls first)."""
+    import xla_gpu_ops
+
+    return xla_gpu_ops.paged_attention(
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=scale
+    )
+
+
+def launcher_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                             num_seqs, *, scale: float):  # fmt: skip
+    """The CUDA kernel function alone (what torch.library dispatches to), without the dispatcher
+    above it."""
+    return _cuda_kernel()(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
+                          scale)  # fmt: skip
+
+
+_KERNELS: dict = {}
+
+
+def _cuda_kernel():
+    if "paged_attention" not in _KERNELS:
+        from xla_gpu_ops import ops, torch_cuda
+
+        _KERNELS["paged_attention"] = torch_cuda.make_kernel(ops.PAGED_ATTENTION)
+    return _KERNELS["paged_attention"]
+
+
+# ------------------------------------------------------------------------------ JAX, torchax
+def jax_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
+                        *, scale: float) -> Any:  # fmt: skip
+    from xla_gpu_ops import jax as xgo_jax
+
+    return xgo_jax.paged_attention(
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=scale
+    )
+
+
+def jax_simple_add(a, b) -> Any:
+    from xla_gpu_ops import jax as xgo_jax
+
+    return xgo_jax.simple_add(a, b)
+
+
+def torchax_register() -> None:
+    """Register the torchax lowerings of torch.ops.xla_gpu.* (idempotent)."""
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+
+
+# ------------------------------------------------------------------------------ reference
+def reference_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                              num_seqs, *, scale: float, compute_dtype=None):  # fmt: skip
+    from xla_gpu_ops import reference
+
+    kwargs = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
+    return reference.paged_attention(
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale, **kwargs
+    )
+
+
+def reference_simple_add(a, b):
+    from xla_gpu_ops import reference
+
+    return reference.simple_add(a, b)

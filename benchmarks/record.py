@@ -1,0 +1,168 @@
+"""The files of a run, and filing a GPU run as the repository's benchmark record.
+
+`write_run` writes a run's results.json, env.json, table.md and plot.png. Filing, from the
+repository root:
+
+    python -m benchmarks.record RUN_DIR
+
+copies a GPU run's files (results.json, env.json, table.md, plot.png, run.log, workers.log) into
+benchmarks/results/<date>-<device>-<commit>/ with a generated README.md, removes the previous
+record folders (git history keeps them; RESULTS.md says at which commit they were last in the
+tree) and puts the new record at the top of benchmarks/results/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.environment import ROOT, device_slug
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+RESULTS_MD = "RESULTS.md"
+RECORD_FILES = ("results.json", "env.json", "table.md", "plot.png", "run.log", "workers.log")
+TABLE_HEAD = "| record | device | commit | summary | where |"
+
+
+def write_run(results: dict, out_dir: Path) -> None:
+    """results.json (everything), env.json, table.md and plot.png of a run."""
+    from benchmarks import report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / "env.json").write_text(json.dumps(results["env"], indent=1))
+    (out_dir / "table.md").write_text(report.markdown(results))
+    report.plot(results, out_dir / "plot.png")
+
+
+def record_name(results: dict) -> str:
+    env = results["env"]
+    commit = re.sub(r"[^0-9a-f]", "", str(env.get("git_commit", "")).split("+")[0])[:7] or "unknown"
+    return f"{env['date_utc'][:10]}-{device_slug(env)}-{commit}"
+
+
+def summary_line(results: dict) -> str:
+    verdicts = [v for v in results.get("verdicts", []) if v["case"] != "all rows"]
+    met = sum(v["verdict"].startswith("met") for v in verdicts)
+    missed = sum(v["verdict"].startswith("MISSED") for v in verdicts)
+    cases = sum(not r.get("skipped") for r in results["cases"])
+    return f"{results['env'].get('mode')} run, {cases} cases; verdicts {met} met, {missed} missed"
+
+
+def readme(results: dict) -> str:
+    from benchmarks import report
+
+    env = results["env"]
+    gpu = env.get("gpu") or {}
+    lib = env.get("library") or {}
+    versions = (f"Python {env.get('python')}, torch {env.get('torch')}, jax {env.get('jax')} "
+                f"(plugin {env.get('jax_cuda_plugin')}), torchax {env.get('torchax')}, "
+                f"FlashInfer {env.get('flashinfer') or 'not installed'}")  # fmt: skip
+    lines = [
+        f"# GPU run record: {gpu.get('name')}, {env['date_utc'][:10]}, commit {str(env['git_commit'])[:7]}",
+        "",
+        f"- Device: {gpu.get('name')} ({gpu.get('sm_count')} SMs, {gpu.get('memory_gb')} GB), "
+        f"driver {env.get('driver')}; measured read bandwidth {results['ceilings']['read_gbps']:.0f} GB/s.",
+        f"- Software: {versions}.",
+        f"- Library: sha256 {str(lib.get('sha256'))[:12]}…, CUDA archs {lib.get('cuda_archs')}.",
+        f"- Commit {env['git_commit']}, {env['date_utc']}, mode {env.get('mode')}.",
+        f"- {summary_line(results)}. Files: `table.md` (every measurement and verdict), "
+        "`results.json`, `plot.png`, `env.json`, `run.log`.",
+        "- FlashInfer plans on the host (`plan()`, untimed: its design); ours has no host plan.",
+        "",
+        "## Summary",
+        "",
+        report.compact(results),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _head_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _table_rows(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("| ") and ln != TABLE_HEAD
+            and not ln.startswith("|---")]  # fmt: skip
+
+
+def results_md(rows: list[str]) -> str:
+    return "\n".join([
+        "# Benchmark records",
+        "",
+        "The latest GPU record is the one folder beside this file; the table lists every record.",
+        "Older records left the tree and stay in git history: one \"removed in C\" is",
+        "`git show C^:benchmarks/results/<record>/README.md`, one \"last in the tree at C\" is",
+        "`git show C:benchmarks/results/<record>/README.md` (a one-file record: its name instead",
+        "of `<record>/README.md`). Codes such as d7 or m6 name kernel revisions of the performance",
+        "log in docs/. A new record is filed with `python -m benchmarks.record RUN_DIR`",
+        "(benchmarks/README.md).",
+        "",
+        TABLE_HEAD,
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ])  # fmt: skip
+
+
+def retire(rows: list[str], name: str, last_commit: str) -> list[str]:
+    """Point the row of record `name` at git history (its folder leaves the tree)."""
+    out = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells and cells[0] == name and len(cells) == 5:
+            cells[4] = f"git history, last in the tree at {last_commit}"
+            row = "| " + " | ".join(cells) + " |"
+        out.append(row)
+    return out
+
+
+def file_record(run_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
+    """Copy a GPU run into results_dir/<record>/ and make it the only record in the tree."""
+    results = json.loads((run_dir / "results.json").read_text())
+    if not (results.get("env") or {}).get("gpu"):
+        raise SystemExit(f"{run_dir}: a CPU smoke run is not a record")
+    name = record_name(results)
+    dest = results_dir / name
+    md_path = results_dir / RESULTS_MD
+    rows = _table_rows(md_path.read_text()) if md_path.exists() else []
+    last_commit = _head_commit()
+    for old in sorted(p for p in results_dir.iterdir() if p.name not in (name, RESULTS_MD)):
+        rows = retire(rows, old.name, last_commit)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+        print(f"removed {old.relative_to(ROOT) if old.is_relative_to(ROOT) else old}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for file in RECORD_FILES:
+        if (run_dir / file).is_file():
+            shutil.copy2(run_dir / file, dest / file)
+    (dest / "README.md").write_text(readme(results))
+    env = results["env"]
+    rows = [r for r in rows if not r.startswith(f"| {name} |")]
+    row = (f"| {name} | {(env.get('gpu') or {}).get('name')} | {str(env['git_commit'])[:7]} | "
+           f"{summary_line(results)} | [{name}/]({name}/) |")  # fmt: skip
+    md_path.write_text(results_md([row, *rows]))
+    return dest
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="the output folder of a GPU run")
+    args = parser.parse_args(argv)
+    dest = file_record(args.run_dir)
+    print(f"record written to {dest}; RESULTS.md updated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -190,10 +191,41 @@ def test_paged_attention_rejects_bad_input(device, case, mutate, error, names):
     inputs = inputs_on(
         make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed()), device
     )
-    kwargs = {"scale": 0.125}
+    # validate=True: metadata values are checked on request (a sync on CUDA); static checks always
+    kwargs = {"scale": 0.125, "validate": True}
     mutate(inputs, kwargs)
     with pytest.raises(error, match=names):
         xla_gpu_ops.paged_attention(**inputs, **kwargs)
+
+
+def test_validation_is_off_by_default_and_on_by_argument_or_environment(monkeypatch):
+    """The default call never syncs: values are checked on request (argument, or
+    XLA_GPU_OPS_VALIDATE=1 at import when the argument is None). Seen through the wrapper's call
+    of the library's value checks; the CPU kernel itself always checks (host data, no sync)."""
+    from xla_gpu_ops import torch_ops
+
+    inputs = make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed())
+    calls = []
+    original = torch_ops.check_values
+    monkeypatch.setattr(torch_ops, "check_values", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(torch_ops, "VALIDATE_DEFAULT", False)
+    xla_gpu_ops.paged_attention(**inputs, scale=0.1)
+    assert calls == []
+    xla_gpu_ops.paged_attention(**inputs, scale=0.1, validate=True)
+    assert calls == [1]
+    monkeypatch.setattr(torch_ops, "VALIDATE_DEFAULT", True)
+    xla_gpu_ops.paged_attention(**inputs, scale=0.1)
+    assert calls == [1, 1]
+    xla_gpu_ops.paged_attention(**inputs, scale=0.1, validate=False)
+    assert calls == [1, 1]
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("0", False), ("", False)])
+def test_validate_environment_variable_sets_the_default(value, expected):
+    code = "import xla_gpu_ops.torch_ops as t; print(t.VALIDATE_DEFAULT)"
+    env = {**os.environ, "XLA_GPU_OPS_VALIDATE": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(expected), out.stderr[-2000:]
 
 
 def test_paged_attention_rejects_mixed_devices():

@@ -225,15 +225,22 @@ def make_call(
     attr_values: Sequence[float | int],
 ) -> XgoCall:
     """The XgoCall of one call: operand shapes and dtype names in table order, attribute values
-    as `Op.encode_attrs` gives them. Unknown dtypes become code -1 (the library names them)."""
+    as `Op.encode_attrs` gives them. A dtype outside the library's list is a TypeError here;
+    whether an operand takes a listed dtype is the library's check (`describe`)."""
     lib = load()
+    for operand, dtype in zip(op.operands, dtypes, strict=True):
+        if dtype not in lib.dtype_codes:
+            raise TypeError(
+                f"{op.name}: {operand.name}: dtype {dtype} is not one the library knows "
+                f"({', '.join(lib.dtype_codes)})"
+            )
     call = XgoCall(magic=CALL_MAGIC, abi_version=ABI_VERSION, op=op.name.encode(),
                    num_operands=len(shapes), num_attrs=len(attr_values))  # fmt: skip
     for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
         if len(shape) > MAX_RANK:
             raise ValueError(f"{op.name}: {op.operands[i].name}: rank {len(shape)} is too large")
         target = call.operands[i]
-        target.dtype = lib.dtype_codes.get(dtype, -1)
+        target.dtype = lib.dtype_codes[dtype]
         target.rank = len(shape)
         for d, size in enumerate(shape):
             target.dims[d] = int(size)

@@ -10,6 +10,7 @@ Importing this module needs numpy only.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
@@ -131,9 +132,25 @@ class Op:
         return f"({', '.join(params)}) -> {returns}"
 
     # ------------------------------------------------------------------ calls
+    @functools.cached_property
+    def _attr_defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attrs if a.default is not REQUIRED}
+
+    @functools.cached_property
+    def _required_attrs(self) -> frozenset[str]:
+        return frozenset(a.name for a in self.attrs if a.default is REQUIRED)
+
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:
         """(operands in table order, {attribute: value}) from a call's arguments, as Python
         binds them; TypeError naming a missing, unknown or repeated argument."""
+        # The common call, all operands positional and attributes by keyword, costs one dict
+        # merge: the public wrappers run this on every eager call.
+        if (
+            len(args) == len(self.operands)
+            and self._required_attrs <= kwargs.keys()
+            and kwargs.keys() <= self._attr_defaults.keys() | self._required_attrs
+        ):
+            return list(args), {**self._attr_defaults, **kwargs}
         names = self.operand_names + self.attr_names
         if len(args) > len(names):
             raise TypeError(f"{self.name}: takes {len(names)} arguments, got {len(args)}")

@@ -20,7 +20,10 @@ import torch
 from xla_gpu_ops import _library, ops, reference, torch_cuda, torch_xla
 from xla_gpu_ops.torch_cuda import dtype_name
 
-VALIDATE_ENV = "XLA_GPU_OPS_VALIDATE"  # "1": the public wrappers check metadata values by default
+VALIDATE_ENV = "XLA_GPU_OPS_VALIDATE"
+# What the public wrappers do when `validate` is None: XLA_GPU_OPS_VALIDATE=1 (read at import)
+# makes them check metadata values by default.
+VALIDATE_DEFAULT = os.environ.get(VALIDATE_ENV, "") not in ("", "0")
 
 _LIBRARY = torch.library.Library(ops.NAMESPACE, "DEF")
 
@@ -37,17 +40,26 @@ def _static_checks(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, An
     return call
 
 
-def check_values(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]) -> None:
-    """The library's value checks (e.g. metadata in range) on host copies of the operands it
-    reads; a device-to-host copy (one sync) for device tensors."""
+def _check_host_values(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]) -> None:
+    """The library's value checks (e.g. metadata in range) on host tensors."""
     call = _static_checks(op, operands, attrs)
     if call is None:
         return
     host = [
-        t.detach().to("cpu").contiguous() if operand.values_checked else None
+        t.contiguous() if operand.values_checked else None
         for operand, t in zip(op.operands, operands, strict=True)
     ]
     _library.check_host_values(op, call, [None if t is None else t.data_ptr() for t in host])
+
+
+def check_values(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]) -> None:
+    """The wrapper's optional validation: the library's value checks on host copies of the
+    operands it reads (a device-to-host copy, one sync, for device tensors)."""
+    host = [
+        t.detach().to("cpu") if operand.values_checked else t
+        for operand, t in zip(op.operands, operands, strict=True)
+    ]
+    _check_host_values(op, host, attrs)
 
 
 def _define(op: ops.Op) -> None:
@@ -55,7 +67,7 @@ def _define(op: ops.Op) -> None:
 
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
-        check_values(op, operands, attrs)  # host tensors: no sync involved
+        _check_host_values(op, operands, attrs)  # host tensors: no sync involved
         return getattr(reference, op.name)(*operands, **attrs)
 
     def fake_kernel(*args):
@@ -75,12 +87,6 @@ for _op in ops.OPS:
     _define(_op)
 
 
-def _validation_requested(validate: bool | None) -> bool:
-    if validate is None:
-        return os.environ.get(VALIDATE_ENV, "") not in ("", "0")
-    return bool(validate)
-
-
 def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
     """Turns a hand-written declaration (signature + docstring) into the public wrapper: its
     signature is checked against the table at import, and calls forward to torch.ops.xla_gpu.<op>
@@ -93,20 +99,26 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
         @functools.wraps(declared)
         def forward(*args, validate: bool | None = None, **kwargs):
             operands, attrs = op.bind(args, kwargs)
-            for i, value in enumerate(operands):
-                if not isinstance(value, torch.Tensor):
-                    raise TypeError(
-                        f"{op.name}: {op.operands[i].name}: expected a torch.Tensor, "
-                        f"got {type(value).__name__}"
-                    )
             # Reading values would sync a GPU, or break a graph under torch.compile / on XLA.
             if (
-                not torch.compiler.is_compiling()
-                and _validation_requested(validate)
+                (VALIDATE_DEFAULT if validate is None else validate)
+                and not torch.compiler.is_compiling()
+                and isinstance(operands[0], torch.Tensor)
                 and operands[0].device.type in ("cpu", "cuda")
             ):
                 check_values(op, operands, attrs)
-            return overload(*operands, *attrs.values())
+            try:
+                return overload(*operands, *[attrs[name] for name in op.attr_names])
+            except RuntimeError:
+                # The dispatcher's schema check: "Expected a value of type 'Tensor' for argument
+                # 'query' ...". The same as a TypeError naming the argument, without the dump.
+                for i, value in enumerate(operands):
+                    if not isinstance(value, torch.Tensor):
+                        raise TypeError(
+                            f"{op.name}: {op.operands[i].name}: expected a torch.Tensor, "
+                            f"got {type(value).__name__}"
+                        ) from None
+                raise
 
         return forward
 
@@ -144,7 +156,7 @@ def paged_attention(
     positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap).
 
     Static checks (shapes, dtypes, attributes) always run and never sync. validate=True (or
-    XLA_GPU_OPS_VALIDATE=1 when validate is None) also checks the metadata values on the host:
-    one device-to-host copy for CUDA tensors. Without it the CUDA kernels guard bad metadata
+    XLA_GPU_OPS_VALIDATE=1 at import, when validate is None) also checks the metadata values on
+    the host: one device-to-host copy for CUDA tensors. Without it the CUDA kernels guard bad metadata
     with NaN rows, never out-of-bounds reads. Skipped under torch.compile and on XLA devices.
     """

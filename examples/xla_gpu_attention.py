@@ -2,9 +2,10 @@
 """A tiny decoder attention layer on `torch.ops.xla_gpu.paged_attention`, run on every back end.
 
 `XlaGpuAttention` projects hidden states to q/k/v (grouped-query attention), writes the new K/V
-into a paged KV cache in vLLM's layout (`cat([k, v], -1).reshape(-1, 2 * Hkv, D)`: K of kv head h
-at combined head 2h, V at 2h + 1) at the slots named by `slot_mapping`, attends with the xla_gpu
-op and projects back. The same module runs unchanged in each mode:
+in place into a paged KV cache in vLLM's layout (`cat([k, v], -1).reshape(-1, 2 * Hkv, D)`: K of
+kv head h at combined head 2h, V at 2h + 1) at the slots named by `slot_mapping` with
+`torch.ops.xla_gpu.kv_cache_update`, attends with `torch.ops.xla_gpu.paged_attention` and
+projects back. The same module runs unchanged in each mode:
 
   cpu        eager PyTorch on the CPU: the op's CPU implementation is the pure-PyTorch reference
   cuda       eager PyTorch on a GPU: the CUDA kernel through its C launcher
@@ -44,7 +45,7 @@ if importlib.util.find_spec("xla_gpu_ops") is None:  # run from a checkout witho
 
 import xla_gpu_ops
 from xla_gpu_ops import _library
-from xla_gpu_ops.ops import PAGED_ATTENTION
+from xla_gpu_ops.ops import KV_CACHE_UPDATE, PAGED_ATTENTION
 
 MODES = ("cpu", "cuda", "torch_xla", "torchax")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -95,10 +96,8 @@ class XlaGpuAttention(nn.Module):
         k = self.k_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
         new_kv = torch.cat([k, v], dim=-1).reshape(num_tokens, 2 * self.num_kv_heads, self.head_dim)
-        # Out of place, so the same module also runs as a pure function under jax.jit; vLLM
-        # writes the slots in place with a dedicated kernel instead.
-        slots = kv_cache.flatten(0, 1).index_copy(0, slot_mapping, new_kv)
-        kv_cache = slots.view(kv_cache.shape)
+        # In place (eager, torch_xla); under torchax's jax.jit the written cache is the output.
+        torch.ops.xla_gpu.kv_cache_update(new_kv, slot_mapping, kv_cache)
         attn = torch.ops.xla_gpu.paged_attention(
             q, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
             self.scale, self.sliding_window, self.soft_cap,
@@ -247,7 +246,7 @@ def unavailable_reason(mode: str) -> str | None:
 
 def run_eager(scenario: Scenario, device: str) -> ModeResult:
     module = copy.deepcopy(scenario.module).to(device)
-    kv_cache = scenario.kv_cache.to(device)
+    kv_cache = scenario.kv_cache.to(device, copy=True)  # the steps write it in place
     outputs = []
     with torch.no_grad():
         for step in scenario.steps:
@@ -301,14 +300,14 @@ def run_torch_xla(scenario: Scenario) -> ModeResult:
         # torch_xla < 2.9 emits the legacy target, 2.9 the typed FFI one.
         from xla_gpu_ops.torch_xla import custom_call_abi
 
-        target = (
-            PAGED_ATTENTION.ffi_target
-            if custom_call_abi() == "ffi"
-            else PAGED_ATTENTION.legacy_target
-        )
-        calls = custom_calls(hlo, f'custom_call_target="{target}"')
-        if not calls:
-            raise AssertionError(f"torch_xla: no {target} custom call in\n{hlo}")
+        abi = custom_call_abi()
+        calls = []
+        for op in (KV_CACHE_UPDATE, PAGED_ATTENTION):
+            target = op.ffi_target if abi == "ffi" else op.legacy_target
+            found = custom_calls(hlo, f'custom_call_target="{target}"')
+            if not found:
+                raise AssertionError(f"torch_xla: no {target} custom call in\n{hlo}")
+            calls += found
         notes += [f"HLO: {c}" for c in calls]
         del out, new_cache  # dropped unexecuted: XLA:CPU has no handler for the custom call
 
@@ -345,12 +344,11 @@ def run_torchax(scenario: Scenario) -> ModeResult:
         if not notes:
             with precision:
                 hlo = step_fn.lower(states, args).as_text()
-            calls = custom_calls(hlo, f"stablehlo.custom_call @{PAGED_ATTENTION.ffi_target}(")
-            if not calls:
-                raise AssertionError(
-                    f"torchax: no {PAGED_ATTENTION.ffi_target} custom call in\n{hlo}"
-                )
-            notes += [f"StableHLO: {c}" for c in calls]
+            for op in (KV_CACHE_UPDATE, PAGED_ATTENTION):
+                calls = custom_calls(hlo, f"stablehlo.custom_call @{op.ffi_target}(")
+                if not calls:
+                    raise AssertionError(f"torchax: no {op.ffi_target} custom call in\n{hlo}")
+                notes += [f"StableHLO: {c}" for c in calls]
         with precision:
             out, kv_cache = step_fn(states, args)
         outputs.append(jax_to_torch(out))

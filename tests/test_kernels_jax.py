@@ -151,6 +151,8 @@ def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
         scale=np.float32(scale),
         sliding_window=np.int64(sliding_window),
         soft_cap=np.float32(soft_cap),
+        k_scale=np.float32(1.0),
+        v_scale=np.float32(1.0),
     )
     return out.block_until_ready()
 
@@ -580,6 +582,8 @@ def test_gpu_ffi_handler_rejects_bad_static_input(workspace_elems, soft_cap, arg
         "scale": np.float32(0.1),
         "sliding_window": np.int64(0),
         "soft_cap": np.float32(soft_cap),
+        "k_scale": np.float32(1.0),
+        "v_scale": np.float32(1.0),
     }
     with pytest.raises(HANDLER_ERRORS, match=rf"INVALID_ARGUMENT.*paged_attention: {argument}:"):
         call(*arrays, **attributes)[0].block_until_ready()
@@ -597,3 +601,19 @@ def test_gpu_bad_metadata_poisons_rows_with_nan(abi):
     assert np.isnan(out[starts[1] : starts[2]]).all()
     assert np.isfinite(out[: starts[1]]).all()
     assert np.isfinite(out[starts[2] :]).all()
+
+
+def test_host_handler_names_a_missing_attribute():
+    """A typed-FFI call without one of the op's attributes is refused, naming it."""
+    xgo_jax.register()
+    arrays = [jax.device_put(a, CPU) for a in jax_inputs(small_inputs(torch.float32), CPU)]
+    _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
+    call = jax.ffi.ffi_call(
+        PAGED_ATTENTION.ffi_target,
+        (jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+         jax.ShapeDtypeStruct(workspace.shape, np.float32)),
+    )  # fmt: skip
+    attributes = {"scale": np.float32(0.1), "sliding_window": np.int64(0),
+                  "soft_cap": np.float32(0.0), "k_scale": np.float32(1.0)}  # fmt: skip
+    with pytest.raises(HANDLER_ERRORS, match="INVALID_ARGUMENT.*paged_attention: v_scale: missing"):
+        call(*arrays, **attributes)[0].block_until_ready()

@@ -56,9 +56,18 @@ def test_schema():
     assert ops.PAGED_ATTENTION.schema() == (
         "(Tensor query, Tensor kv_cache, Tensor context_lens, Tensor block_tables, "
         "Tensor query_start_loc, Tensor num_seqs, float scale, int? sliding_window=None, "
-        "float? soft_cap=None) -> Tensor"
+        "float? soft_cap=None, float? k_scale=None, float? v_scale=None) -> Tensor"
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
+    # in place: the operand is marked mutable and not returned; the functional twin returns it
+    assert ops.KV_CACHE_UPDATE.schema() == (
+        "(Tensor new_kv, Tensor slot_mapping, Tensor(a!) kv_cache, float? k_scale=None, "
+        "float? v_scale=None) -> ()"
+    )
+    assert ops.KV_CACHE_UPDATE.functional_schema() == (
+        "(Tensor new_kv, Tensor slot_mapping, Tensor kv_cache, float? k_scale=None, "
+        "float? v_scale=None) -> Tensor"
+    )
 
 
 def test_bind():
@@ -66,7 +75,8 @@ def test_bind():
     operands, attrs = op.bind((1, 2, 3), {"block_tables": 4, "query_start_loc": 5,
                                           "num_seqs": 6, "scale": 0.5})  # fmt: skip
     assert operands == [1, 2, 3, 4, 5, 6]
-    assert attrs == {"scale": 0.5, "sliding_window": None, "soft_cap": None}
+    assert attrs == {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None,
+                     "v_scale": None}  # fmt: skip
     with pytest.raises(TypeError, match="scale: missing"):
         op.bind(range(6), {})
     with pytest.raises(TypeError, match="num_seqs: missing"):
@@ -81,7 +91,7 @@ def test_split_schema_args_fills_dropped_defaults():
     op = ops.PAGED_ATTENTION
     assert op.split_schema_args([*range(6), 0.5]) == (
         list(range(6)),
-        {"scale": 0.5, "sliding_window": None, "soft_cap": None},
+        {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
     )
 
 
@@ -96,7 +106,7 @@ def test_split_schema_args_fills_dropped_defaults():
         ),
         ({"scale": "0.5"}, TypeError, "scale: must be a static Python float"),
         ({"scale": float("nan")}, ValueError, "scale: must be finite"),
-        ({"scale": 1.0, "soft_cap": 0.0}, ValueError, r"soft_cap: must be > 0.0 or None"),
+        ({"scale": 1.0, "soft_cap": 0.0}, ValueError, r"soft_cap: must be > 0 or None"),
         ({"scale": 1.0, "sliding_window": 0}, ValueError, r"sliding_window: must be > 0 or None"),
         ({"scale": 1.0, "sliding_window": True}, TypeError, "sliding_window"),
     ],
@@ -104,13 +114,15 @@ def test_split_schema_args_fills_dropped_defaults():
 def test_attribute_encoding_rejects(attrs, error, match):
     op = ops.PAGED_ATTENTION
     with pytest.raises(error, match=match):
-        op.encode_attrs({"sliding_window": None, "soft_cap": None, **attrs})
+        op.encode_attrs({"sliding_window": None, "soft_cap": None, "k_scale": None,
+                         "v_scale": None, **attrs})  # fmt: skip
 
 
 def test_attribute_encoding_turns_none_off():
     op = ops.PAGED_ATTENTION
-    encoded = op.encode_attrs({"scale": 2, "sliding_window": None, "soft_cap": None})
-    assert encoded == (2.0, 0, 0.0)
+    encoded = op.encode_attrs({"scale": 2, "sliding_window": None, "soft_cap": None,
+                               "k_scale": None, "v_scale": 0.5})  # fmt: skip
+    assert encoded == (2.0, 0, 0.0, 1.0, 0.5)
     assert isinstance(encoded[0], float)
 
 
@@ -127,7 +139,8 @@ def test_public_signature_must_match_the_table():
     ops.public_signature(ops.SIMPLE_ADD, extra=("validate",))(positional_attr)
 
     def attr_not_keyword_only(query, kv_cache, context_lens, block_tables, query_start_loc,
-                              num_seqs, scale, *, sliding_window=None, soft_cap=None):  # fmt: skip
+                              num_seqs, scale, *, sliding_window=None, soft_cap=None,
+                              k_scale=None, v_scale=None):  # fmt: skip
         """x"""
 
     with pytest.raises(TypeError, match="scale must be keyword-only"):

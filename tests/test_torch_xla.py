@@ -119,8 +119,8 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     line = custom_call_line(hlo_of(out), PAGED_ATTENTION.ffi_target)
     assert "api_version=API_VERSION_TYPED_FFI" in line
     assert (
-        "backend_config={scale = 0.10000000149011612 : f32, sliding_window = 7 : i64, soft_cap = 5.0 : f32}"
-        in line
+        "backend_config={scale = 0.10000000149011612 : f32, sliding_window = 7 : i64, soft_cap = 5.0 : f32, "
+        "k_scale = 1.0 : f32, v_scale = 1.0 : f32}" in line
     )
     operands = re.search(r"custom-call\((.*?)\),", line)[1]
     shapes = re.findall(r"([a-z0-9]+\[[0-9,]*\])", operands)
@@ -248,7 +248,9 @@ def test_mlir_float_round_trips_as_float32(value):
     jax_mlir = pytest.importorskip("jax._src.interpreters.mlir", reason="needs jax (MLIR parser)")
     with jax_mlir.make_ir_context():
         attribute = jax_mlir.ir.Attribute.parse(
-            xgo_torch_xla.attributes_text(PAGED_ATTENTION, (value if value else 1.0, 3, value))
+            xgo_torch_xla.attributes_text(
+                PAGED_ATTENTION, (value if value else 1.0, 3, value, 1.0, 1.0)
+            )
         )
         parsed = jax_mlir.ir.FloatAttr(jax_mlir.ir.DictAttr(attribute)["soft_cap"]).value
     assert np.float32(parsed) == np.float32(value)

@@ -228,7 +228,7 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     shapes = [(num_tokens, 8, 128), (num_pages, 16, 4, 128), (max_num_seqs,),
               (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,)]  # fmt: skip
     dtypes = ["float16", "float16"] + ["int32"] * 4
-    config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0))
+    config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0))
     (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[1].shape
     # outputs: (out, float32 workspace sized from static shapes)
     assert f"(f16[{num_tokens},8,128]{{2,1,0}}, f32[{workspace}]{{0}}) custom-call(" in line
@@ -240,8 +240,8 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
         assert 'custom_call_target="xla_gpu_paged_attention"' in line
         assert "api_version=API_VERSION_TYPED_FFI" in line
         assert (
-            "backend_config={scale = 0.0625 : f32, sliding_window = 40 : i64, soft_cap = 30.0 : f32}"
-            in line
+            "backend_config={scale = 0.0625 : f32, sliding_window = 40 : i64, soft_cap = 30.0 : f32, "
+            "k_scale = 1.0 : f32, v_scale = 1.0 : f32}" in line
         ), line
 
 

@@ -11,13 +11,13 @@ import importlib
 import importlib.util
 
 __version__ = "0.1.0"
-__all__ = ["paged_attention", "simple_add"]
+__all__ = ["kv_cache_update", "paged_attention", "simple_add"]
 
 _SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "ops",
                "reference", "xla_cuda", "torch_xla_plugin")  # fmt: skip
 
 if importlib.util.find_spec("torch") is not None:
-    from xla_gpu_ops.torch_ops import paged_attention, simple_add
+    from xla_gpu_ops.torch_ops import kv_cache_update, paged_attention, simple_add
 
 
 def __getattr__(name: str):

@@ -336,7 +336,13 @@ def op_function(frontend: str, op: ops.Op | str) -> Callable[..., Any]:
     import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
 
     overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
-    return lambda *operands: overload(*operands, *[attrs[a] for a in op.attr_names])
+
+    def call(*operands):
+        outs = overload(*operands, *[attrs[a] for a in op.attr_names])
+        written = [operands[i] for i in op.aliases.values()]  # in place: the operand is the result
+        return written[0] if written and outs is None else outs
+
+    return call
 
 
 def dump_op(

@@ -25,7 +25,7 @@ import numpy as np
 
 from xla_gpu_ops import _library, ops
 
-__all__ = ["call", "paged_attention", "register", "simple_add"]
+__all__ = ["call", "kv_cache_update", "paged_attention", "register", "simple_add"]
 
 ABIS = ("ffi", "legacy")
 
@@ -62,7 +62,9 @@ def _dtype_name(x: Any) -> str:
 
 def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str = "ffi"):
     """One custom call of `op` (operands in table order, attributes by name); returns the op's
-    outputs (scratch results such as paged_attention's workspace are dropped)."""
+    outputs (scratch results such as paged_attention's workspace are dropped). Results the op
+    writes in place alias their operand (`input_output_aliases`): donate that operand
+    (`jax.jit(..., donate_argnums=...)`) and XLA updates it without a copy."""
     if abi not in ABIS:
         raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
     encoded = op.encode_attrs(attrs)
@@ -74,14 +76,15 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     arrays = [jnp.asarray(x) for x in operands]
     # Scratch space of the CUDA kernels is an extra output: the handlers never allocate.
     result_types = [jax.ShapeDtypeStruct(r.shape, jnp.dtype(r.dtype)) for r in results]
+    aliases = {operand: result for result, operand in op.aliases.items()}
     if abi == "ffi":
         typed = {
             a.name: np.float32(v) if a.kind is float else np.int64(v)
             for a, v in zip(op.attrs, encoded, strict=True)
         }
-        outs = jax.ffi.ffi_call(op.ffi_target, result_types, vmap_method=op.vmap_method)(
-            *arrays, **typed
-        )
+        outs = jax.ffi.ffi_call(
+            op.ffi_target, result_types, vmap_method=op.vmap_method, input_output_aliases=aliases
+        )(*arrays, **typed)
     else:
         if jax.default_backend() != "gpu":
             raise RuntimeError(
@@ -92,6 +95,7 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
             op.legacy_target,
             result_types,
             vmap_method=op.vmap_method,
+            input_output_aliases=aliases,
             custom_call_api_version=2,
             # The opaque is the XgoCall itself; the handler checks its magic, version and op.
             legacy_backend_config=bytes(xgo_call),
@@ -117,6 +121,22 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
     return decorate
 
 
+@wrapper(ops.KV_CACHE_UPDATE)
+def kv_cache_update(
+    new_kv: Any,
+    slot_mapping: Any,
+    kv_cache: Any,
+    *,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    abi: str = "ffi",
+) -> jax.Array:
+    """kv_cache with new K/V rows written (vLLM's reshape_and_cache_flash slots); see
+    xla_gpu_ops.kv_cache_update. The result aliases kv_cache: under
+    `jax.jit(..., donate_argnums=...)` donating kv_cache, XLA updates it in place, no copy.
+    Slots >= P * page_size: skipped on the GPU, an error from the XLA:CPU handler."""
+
+
 @wrapper(ops.SIMPLE_ADD)
 def simple_add(a: Any, b: Any, *, abi: str = "ffi") -> jax.Array:
     """out = a + b (same shape and dtype; float32, float16 or bfloat16)."""
@@ -134,6 +154,8 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     abi: str = "ffi",
 ) -> jax.Array:
     """Ragged paged attention (torch_xla `ragged_paged_attention` semantics, docs/DESIGN.md).
@@ -141,8 +163,9 @@ def paged_attention(
     query [T, Hq, D]; kv_cache [P, page_size, 2*Hkv, D] (K even, V odd combined heads);
     context_lens int32 [S]; block_tables int32 [S, pages_per_seq]; query_start_loc int32 [S + 1];
     num_seqs int32 [1]. Returns out [T, Hq, D] in query's dtype; rows past
-    query_start_loc[num_seqs] are zero. scale, sliding_window and soft_cap are static Python
-    numbers (None turns the last two off).
+    query_start_loc[num_seqs] are zero. scale, sliding_window, soft_cap, k_scale and v_scale are
+    static Python numbers (None turns the window and the cap off, and makes a scale 1); an fp8
+    kv_cache (float8_e4m3fn) runs on the XLA:CPU handler for now.
 
     abi="ffi" (default) calls the typed FFI target (CUDA or XLA:CPU); abi="legacy" calls the
     api_version 2 target, which exists for CUDA only.

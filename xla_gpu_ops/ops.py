@@ -38,25 +38,27 @@ class Operand:
 
 @dataclass(frozen=True)
 class Attr:
-    """A static attribute. `off` is what the library reads when the user passes None
-    (None turns the feature off); attributes without an `off` value cannot be None."""
+    """A static attribute. `none` is what the library reads when the user passes None (for
+    sliding_window 0: no window; for k_scale 1.0); attributes without one cannot be None.
+    `positive` attributes must be > 0 when given."""
 
     name: str
     kind: type  # float or int
     doc: str
     default: Any = REQUIRED
-    off: float | int | None = None
+    none: float | int | None = None
+    positive: bool = False
 
     def encode(self, op: str, value: Any) -> float | int:
         """The value the library reads; TypeError / ValueError naming the attribute."""
         if value is None:
-            if self.off is None:
+            if self.none is None:
                 raise TypeError(f"{op}: {self.name}: must be a {self.kind.__name__}, got None")
-            return self.off
+            return self.none
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(
                 f"{op}: {self.name}: must be a static Python {self.kind.__name__}"
-                f"{' or None' if self.off is not None else ''}, got {value!r} "
+                f"{' or None' if self.none is not None else ''}, got {value!r} "
                 "(under jax.jit pass it through static_argnames or functools.partial)"
             )
         if self.kind is int:
@@ -67,15 +69,15 @@ class Attr:
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"{op}: {self.name}: must be finite, got {value!r}")
-        if self.off is not None and value <= self.off:
-            # The off value itself would silently mean "off": only None says that.
-            raise ValueError(f"{op}: {self.name}: must be > {self.off} or None, got {value!r}")
+        if self.positive and value <= 0:
+            none = " or None" if self.none is not None else ""
+            raise ValueError(f"{op}: {self.name}: must be > 0{none}, got {value!r}")
         return value
 
     @property
     def schema_type(self) -> str:
         base = "float" if self.kind is float else "int"
-        return base + ("?" if self.off is not None else "")
+        return base + ("?" if self.none is not None else "")
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,17 @@ class Op:
     # Results in the library's order. The first `returned` are the op's outputs; the rest are
     # scratch space the library sizes (the CUDA handlers never allocate) and callers drop.
     results: tuple[str, ...]
-    # Each returned result has the shape and dtype of this operand (the fake / meta kernels).
+    # Each returned result that is not aliased has the shape and dtype of this operand (the
+    # fake / meta kernels of the torch op).
     result_like: tuple[str, ...]
     doc: str
+    returned: int = 1
+    # Results written in place into an operand: {result index: operand index}. The torch op
+    # mutates that operand and does not return it; JAX aliases the buffers (donate the operand
+    # to update it without a copy) and returns the result.
     # jax.ffi vmap_method: "broadcast_all" for elementwise ops, "sequential" otherwise.
     vmap_method: str = "sequential"
+    aliases: Mapping[int, int] = field(default_factory=dict)
     sample: Callable[[bool], dict[str, np.ndarray]] | None = field(default=None, compare=False)
     sample_attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -119,16 +127,39 @@ class Op:
         return tuple(a.name for a in self.attrs)
 
     @property
-    def returned(self) -> int:
-        return len(self.result_like)
+    def mutated(self) -> tuple[str, ...]:
+        """Operands the op updates in place (the torch op mutates them)."""
+        return tuple(self.operands[i].name for i in self.aliases.values())
 
-    def schema(self) -> str:
-        """The torch.library schema, e.g. "(Tensor query, ..., float scale, int? w=None) -> Tensor"."""
+    @property
+    def functional_name(self) -> str:
+        """torch op that returns in-place results as new tensors (ops with aliases only): what
+        functionalization (torch_xla, torch.compile, torch.export) records instead."""
+        return f"{self.name}_functional"
+
+    def functional_schema(self) -> str:
         params = [f"Tensor {o.name}" for o in self.operands]
         for a in self.attrs:
             default = "" if a.default is REQUIRED else f"={a.default!r}"
             params.append(f"{a.schema_type} {a.name}{default}")
         returns = "Tensor" if self.returned == 1 else f"({', '.join(['Tensor'] * self.returned)})"
+        return f"({', '.join(params)}) -> {returns}"
+
+    @property
+    def torch_returns(self) -> tuple[int, ...]:
+        """Indices of the results the torch op returns: the outputs that are not in place."""
+        return tuple(i for i in range(self.returned) if i not in self.aliases)
+
+    def schema(self) -> str:
+        """The torch.library schema, e.g. "(Tensor query, ..., float scale, int? w=None) -> Tensor"."""
+        params = [
+            f"Tensor{'(a!)' if o.name in self.mutated else ''} {o.name}" for o in self.operands
+        ]
+        for a in self.attrs:
+            default = "" if a.default is REQUIRED else f"={a.default!r}"
+            params.append(f"{a.schema_type} {a.name}{default}")
+        n = len(self.torch_returns)
+        returns = "Tensor" if n == 1 else f"({', '.join(['Tensor'] * n)})"
         return f"({', '.join(params)}) -> {returns}"
 
     # ------------------------------------------------------------------ calls
@@ -184,8 +215,14 @@ class Op:
         return list(args[:n]), attrs
 
     def encode_attrs(self, attrs: Mapping[str, Any]) -> tuple[float | int, ...]:
-        """The values the library reads, in table order (None -> the attribute's off value)."""
-        return tuple(a.encode(self.name, attrs[a.name]) for a in self.attrs)
+        """The values the library reads, in table order (None -> the attribute's `none` value);
+        attributes left out take their defaults."""
+        values = []
+        for a in self.attrs:
+            if a.name not in attrs and a.default is REQUIRED:
+                raise TypeError(f"{self.name}: {a.name}: missing")
+            values.append(a.encode(self.name, attrs.get(a.name, a.default)))
+        return tuple(values)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -280,7 +317,12 @@ PAGED_ATTENTION = Op(
     name="paged_attention",
     operands=(
         Operand("query", 3, _FLOATS, "[T, Hq, D]"),
-        Operand("kv_cache", 4, "query's", "[P, page_size, 2*Hkv, D] (K even, V odd heads)"),
+        Operand(
+            "kv_cache",
+            4,
+            "query's or float8_e4m3fn",
+            "[P, page_size, 2*Hkv, D] (K even, V odd heads)",
+        ),
         Operand("context_lens", 1, "int32", "[S]", values_checked=True),
         Operand("block_tables", 2, "int32", "[S, pages_per_seq]", values_checked=True),
         Operand("query_start_loc", 1, "int32", "[S + 1]", values_checked=True),
@@ -288,17 +330,71 @@ PAGED_ATTENTION = Op(
     ),
     attrs=(
         Attr("scale", float, "logits multiplier"),
-        Attr("sliding_window", int, "keys older than this many positions are masked", None, 0),
-        Attr("soft_cap", float, "logits -> soft_cap * tanh(logits / soft_cap)", None, 0.0),
+        Attr(
+            "sliding_window", int, "keys older than this many positions are masked", None, 0, True
+        ),
+        Attr("soft_cap", float, "logits -> soft_cap * tanh(logits / soft_cap)", None, 0.0, True),
+        Attr("k_scale", float, "key dequantisation scale: logits * k_scale", None, 1.0, True),
+        Attr("v_scale", float, "value dequantisation scale: out * v_scale", None, 1.0, True),
     ),
     results=("out", "workspace"),
     result_like=("query",),
     doc="ragged paged attention, torch_xla ragged_paged_attention semantics (docs/DESIGN.md)",
     sample=_paged_attention_sample,
-    sample_attrs={"scale": 0.125, "sliding_window": None, "soft_cap": None},
+    sample_attrs={
+        "scale": 0.125,
+        "sliding_window": None,
+        "soft_cap": None,
+        "k_scale": None,
+        "v_scale": None,
+    },
 )
 
-OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION)
+
+def _kv_cache_update_sample(zeros: bool) -> dict[str, np.ndarray]:
+    """6 new rows (one padding slot) for a cache of 4 pages of 8 rows, Hkv=2, head_dim=64."""
+    num_pages, page_size, combined_heads, head_dim, num_tokens = 4, 8, 4, 64, 6
+    arrays = [
+        np.zeros((num_tokens, combined_heads, head_dim), np.float32),
+        np.zeros((num_tokens,), np.int32),
+        np.zeros((num_pages, page_size, combined_heads, head_dim), np.float32),
+    ]
+    if not zeros:
+        rng = np.random.default_rng(0)
+        new_kv, slot_mapping, kv_cache = arrays
+        new_kv[...] = rng.standard_normal(new_kv.shape, np.float32)
+        kv_cache[...] = rng.standard_normal(kv_cache.shape, np.float32)
+        slot_mapping[...] = [3, 17, -1, 8, 31, 0]
+    return dict(zip(KV_CACHE_UPDATE.operand_names, arrays, strict=True))
+
+
+KV_CACHE_UPDATE = Op(
+    name="kv_cache_update",
+    operands=(
+        Operand("new_kv", 3, _FLOATS, "[N, 2*Hkv, D] (K even, V odd heads: one cache row each)"),
+        Operand(
+            "slot_mapping",
+            1,
+            "int32 or int64",
+            "[N]: page * page_size + row; < 0 skips",
+            values_checked=True,
+        ),
+        Operand("kv_cache", 4, "new_kv's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+    ),
+    attrs=(
+        Attr("k_scale", float, "stored K = new K / k_scale", None, 1.0, True),
+        Attr("v_scale", float, "stored V = new V / v_scale", None, 1.0, True),
+    ),
+    results=("kv_cache",),
+    result_like=(),
+    returned=1,
+    aliases={0: 2},
+    doc="write new K/V rows into the paged cache in place (vLLM reshape_and_cache_flash slots)",
+    sample=_kv_cache_update_sample,
+    sample_attrs={"k_scale": None, "v_scale": None},
+)
+
+OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION, KV_CACHE_UPDATE)
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 
 

@@ -22,13 +22,16 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     *,
     compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """out[T, Hq, D]; softmax and products in `compute_dtype` (float64 for a tight oracle).
 
-    Rows at or past query_start_loc[num_seqs] are zero. Metadata must already be valid
-    (see xla_gpu_ops._validation.check_paged_attention_metadata).
+    kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
+    scales apply as logits * k_scale and out * v_scale. Rows at or past query_start_loc[num_seqs]
+    are zero. Metadata must already be valid (the library's check_host_values).
     """
     _, num_q_heads, head_dim = query.shape
     page_size = kv_cache.shape[1]
@@ -44,11 +47,12 @@ def paged_attention(
             continue
         num_used_pages = -(-kv_len // page_size)
         pages = block_tables[i, :num_used_pages].long()
-        kv = kv_cache[pages].reshape(-1, 2 * num_kv_heads, head_dim)[:kv_len].to(compute_dtype)
+        kv = _gather(kv_cache, pages).reshape(-1, 2 * num_kv_heads, head_dim)[:kv_len]
+        kv = kv.to(compute_dtype)
         k = kv[:, 0::2].repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
         v = kv[:, 1::2].repeat_interleave(group, dim=1)
         q = query[q_start:q_end].to(compute_dtype)
-        logits = torch.einsum("qhd,khd->hqk", q, k) * scale
+        logits = torch.einsum("qhd,khd->hqk", q, k) * scale * (k_scale or 1.0)
         if soft_cap is not None:
             logits = soft_cap * torch.tanh(logits / soft_cap)
         q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None]
@@ -57,5 +61,41 @@ def paged_attention(
         if sliding_window is not None:
             masked |= k_pos <= q_pos - sliding_window
         logits = logits.masked_fill(masked, float("-inf"))
-        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v)
+        attended = torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v)
+        out[q_start:q_end] = attended * (v_scale or 1.0)
     return out.to(query.dtype)
+
+
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """tensor[index]; float8 through its bytes (torch's CPU indexing has no float8 kernels)."""
+    if tensor.dtype == torch.float8_e4m3fn:
+        return tensor.view(torch.uint8)[index].view(tensor.dtype)
+    return tensor[index]
+
+
+def kv_cache_update(
+    new_kv: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+) -> None:
+    """Writes row n of new_kv [N, 2*Hkv, D] to slot slot_mapping[n] of kv_cache, in place (page
+    slot // page_size, row slot % page_size); negative slots are skipped. K heads (even) are
+    stored divided by k_scale, V heads (odd) by v_scale, rounded to the cache dtype; an fp8 cache
+    saturates at +-448. Slots must be < num_pages * page_size (the library's check_host_values).
+    """
+    rows = kv_cache.view(-1, *kv_cache.shape[2:])
+    scales = torch.ones(new_kv.shape[1], dtype=torch.float32)
+    scales[0::2], scales[1::2] = k_scale or 1.0, v_scale or 1.0
+    scaled = new_kv.float() / scales.to(new_kv.device)[None, :, None]
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
+    keep = slot_mapping >= 0
+    values = scaled[keep].to(kv_cache.dtype)
+    if kv_cache.dtype == torch.float8_e4m3fn:  # no float8 indexing kernels: write the bytes
+        rows, values = rows.view(torch.uint8), values.view(torch.uint8)
+    rows[slot_mapping[keep].long()] = values

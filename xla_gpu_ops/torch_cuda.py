@@ -58,13 +58,17 @@ class _Plan:
         ]
 
 
-def make_kernel(op: ops.Op):
-    """The CUDA kernel of torch.ops.xla_gpu.<op> (arguments in schema order)."""
+def make_kernel(op: ops.Op, functional: bool = False):
+    """The CUDA kernel of torch.ops.xla_gpu.<op> (arguments in schema order). functional: the
+    kernel of <op>_functional, whose in-place results get buffers of their own (the library
+    copies the operand into them first)."""
     num_operands = len(op.operands)
     host_ok = tuple(i for i, o in enumerate(op.operands) if o.host_ok)
     pack = _library.pointer_packer(num_operands + len(op.results))
     plans: dict[tuple, _Plan] = {}
-    returned = op.returned
+    returns = tuple(range(op.returned)) if functional else op.torch_returns
+    # result index -> operand index: written in place
+    aliases = {} if functional else dict(op.aliases)
     launch = None  # the library's launch entry, resolved on first use
 
     def kernel(*args):
@@ -88,8 +92,16 @@ def make_kernel(op: ops.Op):
             launch = _library.load().op(op).launch
         for i, t in enumerate(tensors):
             if not t.is_contiguous() or t.data_ptr() % 16:
+                if i in aliases.values():
+                    raise ValueError(
+                        f"{op.name}: {op.operands[i].name}: must be contiguous and 16-byte aligned "
+                        "(it is updated in place)"
+                    )
                 tensors[i] = _dense(t)
-        results = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in plan.results]
+        results = [
+            tensors[aliases[j]] if j in aliases else torch.empty(shape, dtype=dtype, device=device)
+            for j, (shape, dtype) in enumerate(plan.results)
+        ]
         buffers = pack(*[t.data_ptr() for t in tensors], *[r.data_ptr() for r in results])
         index = device.index
         if torch._C._cuda_getDevice() == index:
@@ -100,6 +112,8 @@ def make_kernel(op: ops.Op):
                 status = launch(plan.call_address, buffers, stream)
         if status:
             _library.load().raise_for_status(status)
-        return results[0] if returned == 1 else tuple(results[:returned])
+        if not returns:
+            return None
+        return results[0] if len(returns) == 1 else tuple(results[i] for i in returns)
 
     return kernel

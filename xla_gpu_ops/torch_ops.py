@@ -68,19 +68,81 @@ def _define(op: ops.Op) -> None:
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
         _check_host_values(op, operands, attrs)  # host tensors: no sync involved
-        return getattr(reference, op.name)(*operands, **attrs)
+        return getattr(reference, op.name)(*operands, **attrs)  # in place for mutating ops
 
     def fake_kernel(*args):
         operands, attrs = op.split_schema_args(args)
         _static_checks(op, operands, attrs)
         by_name = dict(zip(op.operand_names, operands, strict=True))
         results = [torch.empty_like(by_name[name]) for name in op.result_like]
-        return results[0] if op.returned == 1 else tuple(results)
+        if not results:
+            return None
+        return results[0] if len(results) == 1 else tuple(results)
 
     _LIBRARY.impl(op.name, cpu_kernel, "CPU")
     _LIBRARY.impl(op.name, torch_cuda.make_kernel(op), "CUDA")
     _LIBRARY.impl(op.name, torch_xla.make_kernel(op), "XLA")
     torch.library.register_fake(op.qualname, fake_kernel, lib=_LIBRARY)
+    if op.aliases:
+        _define_functional(op)
+        _LIBRARY.impl(op.name, _functionalize_kernel(op), "Functionalize")
+
+
+def _define_functional(op: ops.Op) -> None:
+    """<op>_functional: the same op returning its in-place results as new tensors. Graphs that
+    must stay functional (torch_xla, torch.compile, torch.export) record it in place of <op>."""
+    name = op.functional_name
+    _LIBRARY.define(name + op.functional_schema())
+    written = tuple(op.aliases.values())
+
+    def cpu_kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        operands = [t.clone() if i in written else t for i, t in enumerate(operands)]
+        _check_host_values(op, operands, attrs)
+        getattr(reference, op.name)(*operands, **attrs)
+        outs = [operands[op.aliases[j]] for j in range(op.returned)]
+        return outs[0] if op.returned == 1 else tuple(outs)
+
+    def fake_kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        _static_checks(op, operands, attrs)
+        outs = [torch.empty_like(operands[op.aliases[j]]) for j in range(op.returned)]
+        return outs[0] if op.returned == 1 else tuple(outs)
+
+    _LIBRARY.impl(name, cpu_kernel, "CPU")
+    _LIBRARY.impl(name, torch_cuda.make_kernel(op, functional=True), "CUDA")
+    _LIBRARY.impl(name, torch_xla.make_kernel(op, functional=True), "XLA")
+    torch.library.register_fake(f"{ops.NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)
+
+
+def _functionalize_kernel(op: ops.Op):
+    """Functionalization of an op that writes an operand in place (torch_xla runs every op
+    through it; torch.compile, torch.export and torch.func.functionalize too): <op>_functional
+    computes the operand's new value, which becomes the functional tensor's value, so graphs
+    stay functional and hold the custom op."""
+    hide = torch._C._ExcludeDispatchKeyGuard
+    functional = getattr(getattr(torch.ops, ops.NAMESPACE), op.functional_name).default
+
+    def kernel(*args):
+        operands, attrs = op.split_schema_args(args)
+        inner = []
+        for t in operands:
+            if torch._is_functional_tensor(t):
+                torch._sync(t)
+                t = torch._from_functional_tensor(t)
+            inner.append(t)
+        with hide(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)):
+            outs = functional(*inner, *[attrs[name] for name in op.attr_names])
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        for result, operand in op.aliases.items():
+            torch._functionalize_replace(operands[operand], outs[result])
+            torch._functionalize_commit_update(operands[operand])
+        returns = [torch._to_functional_tensor(outs[i]) for i in op.torch_returns]
+        if not returns:
+            return None
+        return returns[0] if len(returns) == 1 else tuple(returns)
+
+    return kernel
 
 
 for _op in ops.OPS:
@@ -99,6 +161,11 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
         @functools.wraps(declared)
         def forward(*args, validate: bool | None = None, **kwargs):
             operands, attrs = op.bind(args, kwargs)
+            for name, value in attrs.items():  # the dispatcher would .item() a tensor: a sync
+                if isinstance(value, torch.Tensor):
+                    raise TypeError(
+                        f"{op.name}: {name}: must be a static Python number, got a tensor"
+                    )
             # Reading values would sync a GPU, or break a graph under torch.compile / on XLA.
             if (
                 (VALIDATE_DEFAULT if validate is None else validate)
@@ -125,6 +192,31 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
     return decorate
 
 
+@wrapper(ops.KV_CACHE_UPDATE)
+def kv_cache_update(
+    new_kv: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    validate: bool | None = None,
+) -> None:
+    """Writes new K/V rows into the paged cache in place (vLLM's reshape_and_cache_flash slots).
+
+    new_kv [N, 2*Hkv, D] (float32, float16 or bfloat16; K at even, V at odd heads, the layout of
+    a cache row); slot_mapping int32/int64 [N]: token n goes to page slot // page_size, row
+    slot % page_size, and a negative slot is padding (skipped); kv_cache [P, page_size, 2*Hkv, D]
+    in new_kv's dtype or float8_e4m3fn, contiguous, updated in place (no copy). K is stored
+    divided by k_scale and V by v_scale (None: 1), rounded to the cache dtype; an fp8 cache
+    saturates at +-448, so paged_attention(..., k_scale=, v_scale=) reads it back.
+
+    A slot >= P * page_size is never written: the CUDA kernel skips it; validate=True (or
+    XLA_GPU_OPS_VALIDATE=1) raises instead, naming the token (one device-to-host copy of
+    slot_mapping on CUDA). The CPU path always raises.
+    """
+
+
 @wrapper(ops.SIMPLE_ADD)
 def simple_add(a: torch.Tensor, b: torch.Tensor, *, validate: bool | None = None) -> torch.Tensor:
     """a + b through the xla_gpu kernel of a's device (float32, float16 or bfloat16; same shape
@@ -143,6 +235,8 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     validate: bool | None = None,
 ) -> torch.Tensor:
     """Ragged paged attention, torch_xla `ragged_paged_attention` semantics (docs/DESIGN.md).
@@ -153,7 +247,9 @@ def paged_attention(
     [T, Hq, D]; rows at or past query_start_loc[num_seqs] are zero.
 
     scale multiplies the logits; sliding_window (None: off) masks keys older than that many
-    positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap).
+    positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap). kv_cache
+    may be float8_e4m3fn (CPU and XLA:CPU for now: the CUDA kernels take query's dtype) with the
+    dequantisation scales k_scale (logits * k_scale) and v_scale (out * v_scale), None: 1.
 
     Static checks (shapes, dtypes, attributes) always run and never sync. validate=True (or
     XLA_GPU_OPS_VALIDATE=1 at import, when validate is None) also checks the metadata values on

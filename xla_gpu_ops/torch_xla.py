@@ -173,46 +173,115 @@ def emit_custom_call(
 
 
 # ---------------------------------------------------------------------------- kernels
-def make_kernel(op: ops.Op):
-    """The XLA kernel of torch.ops.xla_gpu.<op> (arguments in schema order). Static checks run
-    here through the library (shapes, dtypes, attributes); values stay on the device."""
+def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) -> list:
+    """The op's outputs as new tensors (an in-place result is the operand's new value), on an
+    XLA device: the custom call or the composite. Static checks run here through the library
+    (shapes, dtypes, attributes); values stay on the device."""
+    operands = list(operands)
+    device = operands[0].device
+    for i, operand in enumerate(op.operands):
+        # e.g. num_seqs may come from the host (vLLM keeps it there)
+        if operand.host_ok and operands[i].device.type == "cpu":
+            operands[i] = operands[i].to(device)
+        if operands[i].device != device:
+            raise ValueError(
+                f"{op.name}: {operand.name}: on device {operands[i].device}, "
+                f"{op.operands[0].name} is on {device}"
+            )
+    encoded = op.encode_attrs(attrs)
+    call = _library.make_call(
+        op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], encoded
+    )
+    results = _library.describe(op, call)
+    if _impl_for(op, device) == "composite":
+        return composite_results(op, operands, attrs)
+    _prepare_runtime(device)
+    abi = custom_call_abi()
+    backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
+    if op.attrs:
+        key = backend_config.encode() if abi == "ffi" else backend_config
+        operands[-1] = fold_config_into_cache_key(operands[-1], key)
+    outs = emit_custom_call(
+        op, operands, [r.shape for r in results], [TORCH_DTYPES[r.dtype] for r in results],
+        abi, backend_config,
+    )  # fmt: skip
+    return outs[: op.returned]
+
+
+def composite_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) -> list:
+    """The op's outputs from its composite (plain tensor ops, any device, functional)."""
+    outs = COMPOSITES[op.name](*operands, **attrs)
+    return list(outs) if isinstance(outs, tuple) else [outs]
+
+
+def make_kernel(op: ops.Op, functional: bool = False):
+    """The XLA kernel of torch.ops.xla_gpu.<op> (arguments in schema order). In-place results
+    are copied into their operand (on XLA an IR update, not a device copy); functional: the
+    kernel of <op>_functional, which returns them instead."""
 
     def kernel(*args):
         operands, attrs = op.split_schema_args(args)
-        device = operands[0].device
-        for i, operand in enumerate(op.operands):
-            # e.g. num_seqs may come from the host (vLLM keeps it there)
-            if operand.host_ok and operands[i].device.type == "cpu":
-                operands[i] = operands[i].to(device)
-            if operands[i].device != device:
-                raise ValueError(
-                    f"{op.name}: {operand.name}: on device {operands[i].device}, "
-                    f"{op.operands[0].name} is on {device}"
-                )
-        encoded = op.encode_attrs(attrs)
-        call = _library.make_call(
-            op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], encoded
-        )
-        results = _library.describe(op, call)
-        if xla_impl(device) == "composite":
-            return COMPOSITES[op.name](*operands, **attrs)
-        _prepare_runtime(device)
-        abi = custom_call_abi()
-        backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
-        if op.attrs:
-            key = backend_config.encode() if abi == "ffi" else backend_config
-            operands[-1] = fold_config_into_cache_key(operands[-1], key)
-        outs = emit_custom_call(
-            op, operands, [r.shape for r in results], [TORCH_DTYPES[r.dtype] for r in results],
-            abi, backend_config,
-        )  # fmt: skip
-        return outs[0] if op.returned == 1 else tuple(outs[: op.returned])
+        outs = functional_results(op, operands, attrs)
+        if functional:
+            return outs[0] if op.returned == 1 else tuple(outs)
+        for result, operand in op.aliases.items():
+            operands[operand].copy_(outs[result])
+        returns = [outs[i] for i in op.torch_returns]
+        if not returns:
+            return None
+        return returns[0] if len(returns) == 1 else tuple(returns)
 
     return kernel
 
 
+def _impl_for(op: ops.Op, device: torch.device) -> str:
+    """xla_impl, except that ops writing in place default to their composite: torch_xla's
+    custom-call binding cannot alias a result to an operand, so the handler would copy the whole
+    operand (e.g. the KV cache) on every call, while the composite's scatter updates it in place
+    (with buffer donation). XLA_GPU_OPS_XLA_IMPL=custom_call still forces the custom call."""
+    if op.aliases and not os.environ.get(IMPL_ENV, "").strip():
+        return "composite"
+    return xla_impl(device)
+
+
 def simple_add_composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b
+
+
+FP8_MAX = 448.0
+
+
+def kv_cache_update_composite(
+    new_kv: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+) -> torch.Tensor:
+    """The updated cache (a new tensor) as one scatter with static shapes: no host sync, no
+    data-dependent shape.
+
+    Tokens whose slot is negative (padding) or past the cache write a copy of a valid token's row
+    to that token's slot instead (or, with no valid token, row 0 back onto itself): duplicate
+    writes of equal values, so every real slot gets exactly its new row and nothing else moves.
+    """
+    rows = kv_cache.view(-1, *kv_cache.shape[2:])
+    capacity = rows.shape[0]
+    head = torch.arange(new_kv.shape[1], device=new_kv.device)
+    scales = torch.where(head % 2 == 0, k_scale or 1.0, v_scale or 1.0).to(torch.float32)
+    scaled = new_kv.float() / scales[None, :, None]
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
+    slots = slot_mapping.long()
+    valid = (slots >= 0) & (slots < capacity)
+    any_valid = valid.any()
+    first = torch.argmax(valid.to(torch.int32)).view(1)  # a valid token, if any
+    token = torch.arange(slots.shape[0], device=slots.device)
+    source = torch.where(valid, token, first)
+    fallback = torch.where(any_valid, slots.index_select(0, first), torch.zeros_like(first))
+    target = torch.where(valid, slots, fallback)
+    values = torch.where(any_valid, scaled[source].to(kv_cache.dtype), rows[0:1])
+    return rows.index_put((target,), values).view(kv_cache.shape)
 
 
 def paged_attention_composite(
@@ -225,6 +294,8 @@ def paged_attention_composite(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> torch.Tensor:
     """paged_attention as plain tensor ops with static shapes (one XLA graph, no host sync).
 
@@ -262,7 +333,7 @@ def paged_attention_composite(
     values = kv[:, :, 1::2].float()
 
     q = query.float().reshape(num_tokens, num_kv_heads, group, head_dim)
-    logits = torch.einsum("tkgd,tlkd->tkgl", q, keys) * scale
+    logits = torch.einsum("tkgd,tlkd->tkgl", q, keys) * (scale * (k_scale or 1.0))
     if soft_cap is not None:
         logits = soft_cap * torch.tanh(logits / soft_cap)
     key_pos = torch.arange(max_kv_len, device=device, dtype=torch.int32)[None, :]
@@ -276,8 +347,13 @@ def paged_attention_composite(
     logits = logits.masked_fill(~visible_or_first[:, None, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(num_tokens, num_q_heads, head_dim)
+    out = out * (v_scale or 1.0)
     out = torch.where(valid_token[:, None, None], out, torch.zeros((), device=device))
     return out.to(query.dtype)
 
 
-COMPOSITES = {"simple_add": simple_add_composite, "paged_attention": paged_attention_composite}
+COMPOSITES = {
+    "simple_add": simple_add_composite,
+    "paged_attention": paged_attention_composite,
+    "kv_cache_update": kv_cache_update_composite,
+}

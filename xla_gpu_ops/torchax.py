@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 import torchax
+import torchax.tensor
+import torchax.view
 from torchax.ops import ops_registry
 
 import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
@@ -38,8 +40,22 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         operands, attrs = op.bind(args, kwargs)
         return xgo_jax.call(op, operands, attrs)
 
-    lowering.__name__ = f"{op.name}_lowering"
-    return lowering
+    def in_place_lowering(*args: Any, **kwargs: Any) -> None:
+        # Ops that write an operand in place get torchax tensors (not jax arrays) and store the
+        # aliased result into the operand, as torchax's own copy_ does.
+        tensors, attrs = op.bind(args, kwargs)
+        outs = xgo_jax.call(op, [t.jax() for t in tensors], attrs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        for result, operand in op.aliases.items():
+            target = tensors[operand]
+            if isinstance(target, torchax.view.View):
+                target.update(torchax.tensor.Tensor(outs[result], target.torch().env))
+            else:
+                target._elem = outs[result]
+
+    chosen = in_place_lowering if op.aliases else lowering
+    chosen.__name__ = f"{op.name}_lowering"
+    return chosen
 
 
 LOWERINGS: dict[str, Callable[..., Any]] = {op.name: _make_lowering(op) for op in ops.OPS}
@@ -73,8 +89,10 @@ def register(*envs: Any) -> None:
             if entry is not None and entry.func is lowering:
                 continue  # registering again would only log torchax's duplicate warning
             # is_jax_function: torchax unwraps tensors to jax arrays before the call and wraps
-            # the returned array back into a torchax tensor.
-            ops_registry.register_torch_dispatch_op(overload, lowering, is_jax_function=True)
+            # the returned array back into a torchax tensor; in-place ops take torchax tensors.
+            ops_registry.register_torch_dispatch_op(
+                overload, lowering, is_jax_function=not op.aliases, is_view_op=bool(op.aliases)
+            )
         for env in (_existing_default_env(), *envs):
             if env is not None:
                 env.load_ops()

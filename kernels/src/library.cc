@@ -11,6 +11,7 @@
 // Defined by XGO_DEFINE_OP in each op's .cc file.
 extern const XgoOpInfo kSimpleAddInfo;
 extern const XgoOpInfo kPagedAttentionInfo;
+extern const XgoOpInfo kKvCacheUpdateInfo;
 
 namespace xgo {
 namespace {
@@ -23,7 +24,7 @@ void FormatLastError(const char* fmt, va_list args) {
 }
 
 // The op list: adding an op adds a line here.
-const XgoOpInfo* const kOps[] = {&kSimpleAddInfo, &kPagedAttentionInfo};
+const XgoOpInfo* const kOps[] = {&kSimpleAddInfo, &kPagedAttentionInfo, &kKvCacheUpdateInfo};
 
 }  // namespace
 

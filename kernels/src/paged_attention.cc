@@ -66,7 +66,11 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
     XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
   }
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "query", query, ComputeDtypes{}));
-  XGO_RETURN_IF_FAILED(CheckSameDtype(kOp, "kv_cache", kv_cache, "query", query));
+  if (kv_cache.dtype != query.dtype && kv_cache.dtype != XGO_F8E4M3FN) {
+    return Fail(XGO_INVALID_DTYPE,
+                "paged_attention: kv_cache: dtype %s is neither query's %s nor float8_e4m3fn",
+                DtypeText(kv_cache.dtype).c_str(), DtypeText(query.dtype).c_str());
+  }
   for (int i = kContextLens; i <= kNumSeqs; ++i) {
     XGO_RETURN_IF_FAILED(CheckDtype(kOp, kOperandNames[i], call.operands[i], DtypeSet<XGO_S32>{}));
   }
@@ -107,6 +111,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.sliding_window = call.attrs.sliding_window;
   c.scale = call.attrs.scale;
   c.soft_cap = call.attrs.soft_cap;
+  c.k_scale = call.attrs.k_scale;
+  c.v_scale = call.attrs.v_scale;
 
   // num_tokens may be 0 (an empty batch launches nothing); every other dim must be positive.
   if (c.num_tokens < 0) return Invalid("query", "num_tokens must be >= 0", c.num_tokens);
@@ -144,6 +150,12 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   if (!std::isfinite(c.scale)) {
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: scale: must be finite, got %g",
                 static_cast<double>(c.scale));
+  }
+  for (const auto& [name, value] : {std::pair{"k_scale", c.k_scale}, std::pair{"v_scale", c.v_scale}}) {
+    if (!std::isfinite(value) || value <= 0.0f) {
+      return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be finite and > 0, got %g", name,
+                  static_cast<double>(value));
+    }
   }
   const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
   XGO_RETURN_IF_FAILED(CheckKernelLimits(c, plan));

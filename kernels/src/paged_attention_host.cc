@@ -78,6 +78,87 @@ int32_t CheckMetadata(const PagedAttentionConfig& c, const int32_t* context_lens
   return XGO_OK;
 }
 
+// T: query and out; KV: the cache (T, or float8_e4m3fn read through the scales).
+template <typename T, typename KV>
+int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
+                       const int32_t* context_lens, const int32_t* block_tables,
+                       const int32_t* query_start_loc, const int32_t* num_seqs, void* out) {
+  using S = typename T::Storage;
+  using KS = typename KV::Storage;
+  const S* q_data = static_cast<const S*>(query);
+  const KS* kv_data = static_cast<const KS*>(kv_cache);
+  S* out_data = static_cast<S*>(out);
+  const int64_t D = c.head_dim;
+  const int64_t group = c.num_q_heads / c.num_kv_heads;
+  const int64_t combined_heads = 2 * c.num_kv_heads;
+  const bool capped = c.soft_cap > 0.0f;
+
+  // Every row no sequence writes (padding, and any before query_start_loc[0]) is zero.
+  for (int64_t i = 0; i < c.num_tokens * c.num_q_heads * D; ++i) out_data[i] = T::Store(0.0f);
+
+  std::vector<float> keys, values, q_row(D);
+  std::vector<double> probs;
+  std::vector<double> acc(D);
+  for (int64_t seq = 0; seq < num_seqs[0]; ++seq) {
+    const int64_t q_start = query_start_loc[seq];
+    const int64_t q_len = query_start_loc[seq + 1] - q_start;
+    const int64_t kv_len = context_lens[seq];
+    if (q_len == 0) continue;
+    keys.resize(kv_len * D);
+    values.resize(kv_len * D);
+    probs.resize(kv_len);
+    for (int64_t kv_head = 0; kv_head < c.num_kv_heads; ++kv_head) {
+      // Gather this sequence's K and V rows for one kv head from its pages, as float.
+      for (int64_t pos = 0; pos < kv_len; ++pos) {
+        const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
+        const KS* slot = kv_data + ((page * c.page_size + pos % c.page_size) * combined_heads) * D;
+        const KS* k = slot + (2 * kv_head) * D;
+        const KS* v = slot + (2 * kv_head + 1) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          keys[pos * D + d] = KV::Load(k[d]);
+          values[pos * D + d] = KV::Load(v[d]);
+        }
+      }
+      for (int64_t r = 0; r < q_len; ++r) {
+        // Query row r is token kv_len - q_len + r: causal up to it, window above pos - w.
+        const int64_t q_pos = kv_len - q_len + r;
+        const int64_t first_key =
+            c.sliding_window > 0 && q_pos - c.sliding_window + 1 > 0
+                ? q_pos - c.sliding_window + 1
+                : 0;
+        for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+          const S* q = q_data + ((q_start + r) * c.num_q_heads + h) * D;
+          for (int64_t d = 0; d < D; ++d) q_row[d] = T::Load(q[d]);
+          double max_logit = -std::numeric_limits<double>::infinity();
+          for (int64_t pos = first_key; pos <= q_pos; ++pos) {
+            float dot = 0.0f;
+            const float* k = &keys[pos * D];
+            for (int64_t d = 0; d < D; ++d) dot += q_row[d] * k[d];
+            double logit = static_cast<double>(dot) * c.scale * c.k_scale;
+            if (capped) logit = c.soft_cap * std::tanh(logit / c.soft_cap);
+            probs[pos] = logit;
+            if (logit > max_logit) max_logit = logit;
+          }
+          double denominator = 0.0;
+          for (int64_t pos = first_key; pos <= q_pos; ++pos) {
+            probs[pos] = std::exp(probs[pos] - max_logit);
+            denominator += probs[pos];
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t pos = first_key; pos <= q_pos; ++pos) {
+            const double weight = probs[pos] / denominator;
+            const float* v = &values[pos * D];
+            for (int64_t d = 0; d < D; ++d) acc[d] += weight * v[d];
+          }
+          S* o = out_data + ((q_start + r) * c.num_q_heads + h) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = T::Store(static_cast<float>(acc[d] * c.v_scale));
+        }
+      }
+    }
+  }
+  return XGO_OK;
+}
+
 // out = ragged paged attention (docs/DESIGN.md), metadata checked first.
 int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                   const int32_t* context_lens, const int32_t* block_tables,
@@ -85,79 +166,12 @@ int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* 
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
     using T = decltype(type);
-    using S = typename T::Storage;
-    const S* q_data = static_cast<const S*>(query);
-    const S* kv_data = static_cast<const S*>(kv_cache);
-    S* out_data = static_cast<S*>(out);
-    const int64_t D = c.head_dim;
-    const int64_t group = c.num_q_heads / c.num_kv_heads;
-    const int64_t combined_heads = 2 * c.num_kv_heads;
-    const bool capped = c.soft_cap > 0.0f;
-
-    // Every row no sequence writes (padding, and any before query_start_loc[0]) is zero.
-    for (int64_t i = 0; i < c.num_tokens * c.num_q_heads * D; ++i) out_data[i] = T::Store(0.0f);
-
-    std::vector<float> keys, values, q_row(D);
-    std::vector<double> probs;
-    std::vector<double> acc(D);
-    for (int64_t seq = 0; seq < num_seqs[0]; ++seq) {
-      const int64_t q_start = query_start_loc[seq];
-      const int64_t q_len = query_start_loc[seq + 1] - q_start;
-      const int64_t kv_len = context_lens[seq];
-      if (q_len == 0) continue;
-      keys.resize(kv_len * D);
-      values.resize(kv_len * D);
-      probs.resize(kv_len);
-      for (int64_t kv_head = 0; kv_head < c.num_kv_heads; ++kv_head) {
-        // Gather this sequence's K and V rows for one kv head from its pages, as float.
-        for (int64_t pos = 0; pos < kv_len; ++pos) {
-          const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
-          const S* slot = kv_data + ((page * c.page_size + pos % c.page_size) * combined_heads) * D;
-          const S* k = slot + (2 * kv_head) * D;
-          const S* v = slot + (2 * kv_head + 1) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            keys[pos * D + d] = T::Load(k[d]);
-            values[pos * D + d] = T::Load(v[d]);
-          }
-        }
-        for (int64_t r = 0; r < q_len; ++r) {
-          // Query row r is token kv_len - q_len + r: causal up to it, window above pos - w.
-          const int64_t q_pos = kv_len - q_len + r;
-          const int64_t first_key =
-              c.sliding_window > 0 && q_pos - c.sliding_window + 1 > 0
-                  ? q_pos - c.sliding_window + 1
-                  : 0;
-          for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-            const S* q = q_data + ((q_start + r) * c.num_q_heads + h) * D;
-            for (int64_t d = 0; d < D; ++d) q_row[d] = T::Load(q[d]);
-            double max_logit = -std::numeric_limits<double>::infinity();
-            for (int64_t pos = first_key; pos <= q_pos; ++pos) {
-              float dot = 0.0f;
-              const float* k = &keys[pos * D];
-              for (int64_t d = 0; d < D; ++d) dot += q_row[d] * k[d];
-              double logit = static_cast<double>(dot) * c.scale;
-              if (capped) logit = c.soft_cap * std::tanh(logit / c.soft_cap);
-              probs[pos] = logit;
-              if (logit > max_logit) max_logit = logit;
-            }
-            double denominator = 0.0;
-            for (int64_t pos = first_key; pos <= q_pos; ++pos) {
-              probs[pos] = std::exp(probs[pos] - max_logit);
-              denominator += probs[pos];
-            }
-            std::fill(acc.begin(), acc.end(), 0.0);
-            for (int64_t pos = first_key; pos <= q_pos; ++pos) {
-              const double weight = probs[pos] / denominator;
-              const float* v = &values[pos * D];
-              for (int64_t d = 0; d < D; ++d) acc[d] += weight * v[d];
-            }
-            S* o = out_data + ((q_start + r) * c.num_q_heads + h) * D;
-            for (int64_t d = 0; d < D; ++d) o[d] = T::Store(static_cast<float>(acc[d]));
-          }
-        }
-      }
+    if (c.kv_dtype == XGO_F8E4M3FN) {
+      return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
+                                               query_start_loc, num_seqs, out);
     }
-    return XGO_OK;
+    return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
+                                num_seqs, out);
   });
 }
 

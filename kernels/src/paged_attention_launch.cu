@@ -266,9 +266,32 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
   return XGO_OK;
 }
 
+// out *= v_scale (the value dequantisation scale), rounded once more to the output dtype.
+template <typename T>
+__global__ void __launch_bounds__(256) ScaleRowsKernel(T* out, int64_t n, float v_scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<T>(static_cast<float>(out[i]) * v_scale);
+  }
+}
+
+template <typename T>
+int32_t ScaleRows(void* out, int64_t n, float v_scale, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<int64_t>(4096, (n + 255) / 256));
+  ScaleRowsKernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(out), n, v_scale);
+  XGO_CUDA_CHECK(cudaGetLastError());
+  return XGO_OK;
+}
+
 }  // namespace
 
 int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
+  if (c.kv_dtype != c.dtype) {
+    return Fail(XGO_INVALID_DTYPE,
+                "paged_attention: kv_cache: %s runs on the host (XLA:CPU) handler and the CPU "
+                "reference; the CUDA kernels take kv_cache in query's dtype (%s)",
+                DtypeText(c.kv_dtype).c_str(), DtypeText(c.dtype).c_str());
+  }
   PagedAttentionPlan plan = MakePagedAttentionPlan(c);
   // The one device-dependent choice: prefill tiles on Hopper run the wgmma kernel.
   PrefillKernel prefill = PrefillKernel::kMmaSync;
@@ -322,10 +345,14 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.page_check_chunks = static_cast<int>(plan.page_check_chunks);
   // A window longer than any context (int32) masks nothing, same as no window.
   params.sliding_window = static_cast<int>(std::min<int64_t>(c.sliding_window, INT32_MAX));
-  params.scale = c.scale;
+  params.scale = c.scale * c.k_scale;  // logits = q.k * scale * k_scale
   params.soft_cap = c.soft_cap;
   return DispatchCuda(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) {
-    return LaunchAll<typename decltype(type)::Type>(plan, params, stream);
+    using T = typename decltype(type)::Type;
+    XGO_RETURN_IF_FAILED(LaunchAll<T>(plan, params, stream));
+    if (c.v_scale == 1.0f) return int32_t{XGO_OK};
+    return ScaleRows<T>(buffers[kOut], c.num_tokens * c.num_q_heads * c.head_dim, c.v_scale,
+                        stream);
   });
 }
 

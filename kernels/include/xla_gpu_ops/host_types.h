@@ -15,8 +15,7 @@
 namespace xgo {
 namespace host {
 
-// ------------------------------------------------------------------ 16-bit float conversions
-// Written out (not _Float16 / __bf16) so any host compiler builds them with identical results.
+// ------------------------------------------------------------------ float conversions
 
 inline uint32_t FloatBits(float value) {
   uint32_t bits;
@@ -93,6 +92,45 @@ struct BF16 {
   static uint16_t Store(float v) { return FloatToBf16(v); }
 };
 
+// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinity, NaN = S.1111.111,
+// largest finite 448. Stores round to nearest even and saturate to +-448 (as CUDA's
+// __NV_SATFINITE conversion and vLLM's fp8 cache writes do); NaN stays NaN.
+inline float Fp8E4m3fnToFloat(uint8_t bits) {
+  const float sign = (bits & 0x80u) ? -1.0f : 1.0f;
+  const int exponent = (bits >> 3) & 0xf;
+  const int mantissa = bits & 0x7;
+  if (exponent == 0xf && mantissa == 0x7) return std::nanf("");
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -9);
+  return sign * std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+}
+
+inline uint8_t FloatToFp8E4m3fn(float value) {
+  const uint8_t sign = std::signbit(value) ? 0x80u : 0x00u;
+  if (std::isnan(value)) return static_cast<uint8_t>(sign | 0x7fu);
+  const float magnitude = std::fabs(value);
+  if (magnitude >= 448.0f) return static_cast<uint8_t>(sign | 0x7eu);
+  if (magnitude < 0.015625f) {  // below 2^-6: a multiple of 2^-9 (exact scaling, RNE)
+    const int steps = static_cast<int>(std::nearbyint(std::ldexp(magnitude, 9)));
+    return static_cast<uint8_t>(sign | steps);  // 8 steps is the smallest normal, 0x08
+  }
+  int exponent = 0;
+  const float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent
+  exponent -= 1;                                            // magnitude = (2 * fraction) * 2^e
+  int steps = static_cast<int>(std::nearbyint((2.0f * fraction - 1.0f) * 8.0f));  // exact * 8
+  if (steps == 8) {
+    steps = 0;
+    exponent += 1;
+  }
+  if (exponent > 8) return static_cast<uint8_t>(sign | 0x7eu);
+  return static_cast<uint8_t>(sign | ((exponent + 7) << 3) | steps);
+}
+
+struct F8E4M3FN {
+  using Storage = uint8_t;
+  static float Load(uint8_t v) { return Fp8E4m3fnToFloat(v); }
+  static uint8_t Store(float v) { return FloatToFp8E4m3fn(v); }
+};
+
 template <int32_t Code>
 struct HostType;
 template <>
@@ -106,6 +144,10 @@ struct HostType<XGO_F16> {
 template <>
 struct HostType<XGO_BF16> {
   using Type = BF16;
+};
+template <>
+struct HostType<XGO_F8E4M3FN> {
+  using Type = F8E4M3FN;
 };
 
 // fn(HostType<code>::Type{}) for the code in Set; XGO_INVALID_DTYPE otherwise, naming `what`.

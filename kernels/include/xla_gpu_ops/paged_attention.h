@@ -3,14 +3,17 @@
 // paged_attention_launch.cu, RunHost and CheckHostValues in paged_attention_host.cc.
 //
 //   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
-//   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype (K even, V odd)
+//   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype or
+//                   float8_e4m3fn (K even, V odd; fp8: host handler only for now)
 //   context_lens    int32 [max_num_seqs]
 //   block_tables    int32 [max_num_seqs, pages_per_seq]
 //   query_start_loc int32 [max_num_seqs + 1]
 //   num_seqs        int32 [1]
 //   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
 //   workspace       float32 [plan.workspace_elems]: scratch, sized from static shapes only
-// Attributes: scale (f32), sliding_window (i64, 0 = none), soft_cap (f32, 0 = none).
+// Attributes: scale (f32), sliding_window (i64, 0 = none), soft_cap (f32, 0 = none), k_scale and
+// v_scale (f32, > 0; 1 = none): logits = q.k * scale * k_scale, out = softmax . v * v_scale (the
+// dequantisation scales of an fp8 cache; K/V are never dequantised in memory).
 // Metadata values live on the device and are never read by the host on the GPU path: the
 // kernels guard them (NaN rows); CheckHostValues checks them on host copies.
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_H_
@@ -41,6 +44,8 @@ struct PagedAttentionConfig {
   int64_t sliding_window;  // 0: no window
   float scale;
   float soft_cap;  // 0: no cap
+  float k_scale;
+  float v_scale;
 };
 
 struct PagedAttention {
@@ -54,11 +59,15 @@ struct PagedAttention {
     float scale;
     int64_t sliding_window;
     float soft_cap;
+    float k_scale;
+    float v_scale;
   };
-  static constexpr std::array<AttrSpec, 3> kAttrs = {{
+  static constexpr std::array<AttrSpec, 5> kAttrs = {{
       {"scale", XGO_ATTR_F32, offsetof(Attrs, scale)},
       {"sliding_window", XGO_ATTR_I64, offsetof(Attrs, sliding_window)},
       {"soft_cap", XGO_ATTR_F32, offsetof(Attrs, soft_cap)},
+      {"k_scale", XGO_ATTR_F32, offsetof(Attrs, k_scale)},
+      {"v_scale", XGO_ATTR_F32, offsetof(Attrs, v_scale)},
   }};
   using Config = PagedAttentionConfig;
 

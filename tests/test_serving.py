@@ -1,0 +1,376 @@
+"""Serving features: the in-place KV-cache write (kv_cache_update), fp8 KV caches and the
+dequantisation scales of paged_attention, on every front end that runs here; the CUDA halves
+skip without a GPU.
+
+The write's oracle is a plain loop over tokens (independent of the vectorised reference); fp8
+rounding is torch's float -> float8_e4m3fn conversion after clamping to +-448, compared bit for
+bit."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from paged_inputs import MIXED, fresh_seed, make_paged_inputs
+
+import xla_gpu_ops
+from xla_gpu_ops import _library, ops, reference
+
+pytestmark = pytest.mark.skipif(not _library.is_built(), reason="needs the built library")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+needs_torch_xla = pytest.mark.skipif(
+    importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla"
+)
+FP8 = torch.float8_e4m3fn
+
+
+def cache_case(seed, dtype=torch.bfloat16, cache_dtype=None, slot_dtype=torch.int32, scale=1.0):
+    """new_kv [N, 2*Hkv, D], slot_mapping [N] with padding and distinct slots, kv_cache."""
+    gen = torch.Generator().manual_seed(seed)
+    num_pages, page_size, combined, head_dim, num_tokens = 7, 16, 6, 64, 40
+    capacity = num_pages * page_size
+    slots = torch.randperm(capacity, generator=gen)[:num_tokens].to(slot_dtype)
+    slots[::7] = -1  # padding tokens
+    new_kv = (torch.randn(num_tokens, combined, head_dim, generator=gen) * scale).to(dtype)
+    cache = torch.randn(num_pages, page_size, combined, head_dim, generator=gen)
+    return new_kv, slots, cache.to(cache_dtype or dtype)
+
+
+def loop_oracle(new_kv, slots, cache, k_scale=None, v_scale=None):
+    """Token by token, head by head: what the op must write."""
+    out = cache.clone()
+    rows = out.view(-1, *out.shape[2:])
+    for n, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        for h in range(new_kv.shape[1]):
+            scale = (k_scale or 1.0) if h % 2 == 0 else (v_scale or 1.0)
+            value = new_kv[n, h].float() / scale
+            if cache.dtype == FP8:
+                value = value.clamp(-448.0, 448.0)
+            rows[slot, h] = value.to(cache.dtype)
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype == FP8:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a.cpu(), b.cpu())
+
+
+# ---------------------------------------------------------------------------- torch, CPU
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype", "slot_dtype", "scales"),
+    [
+        (torch.float32, None, torch.int32, (None, None)),
+        (torch.bfloat16, None, torch.int64, (None, None)),
+        (torch.float16, None, torch.int32, (2.0, 0.25)),
+        (torch.bfloat16, FP8, torch.int32, (0.5, 4.0)),
+        (torch.float32, FP8, torch.int64, (None, None)),
+    ],
+)
+def test_kv_cache_update_writes_only_its_slots_in_place(dtype, cache_dtype, slot_dtype, scales):
+    seed = fresh_seed()
+    new_kv, slots, cache = cache_case(seed, dtype, cache_dtype, slot_dtype, scale=300.0)
+    expected = loop_oracle(new_kv, slots, cache, *scales)
+    pointer = cache.data_ptr()
+    returned = xla_gpu_ops.kv_cache_update(new_kv, slots, cache, k_scale=scales[0],
+                                           v_scale=scales[1])  # fmt: skip
+    assert returned is None
+    assert cache.data_ptr() == pointer
+    assert same_bits(cache, expected), f"seed {seed}"
+
+
+def test_kv_cache_update_rejects_a_slot_past_the_cache():
+    new_kv, slots, cache = cache_case(fresh_seed())
+    slots[3] = cache.shape[0] * cache.shape[1]
+    before = cache.clone()
+    with pytest.raises(
+        ValueError, match=r"slot_mapping: token 3 goes to slot 112, outside \[0, 112\)"
+    ):
+        xla_gpu_ops.kv_cache_update(new_kv, slots, cache)
+    assert torch.equal(cache, before), "a rejected call wrote nothing"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (lambda a: {**a, "new_kv": a["new_kv"].to(FP8)}, TypeError, "new_kv: dtype float8_e4m3fn"),
+        (lambda a: {**a, "kv_cache": a["kv_cache"].half()}, TypeError, "kv_cache: dtype float16"),
+        (lambda a: {**a, "slot_mapping": a["slot_mapping"].float()}, TypeError, "slot_mapping"),
+        (lambda a: {**a, "slot_mapping": a["slot_mapping"][:-1]}, ValueError, "slot_mapping: 39"),
+        (lambda a: {**a, "new_kv": a["new_kv"][:, :4]}, ValueError, "new_kv: rows of shape"),
+        (lambda a: {**a, "kv_cache": a["kv_cache"][0]}, ValueError, "kv_cache: expected rank 4"),
+        (lambda a: {**a, "k_scale": 0.0}, ValueError, "k_scale: must be > 0"),
+        (lambda a: {**a, "v_scale": torch.tensor(1.0)}, TypeError, "v_scale: must be a static"),
+    ],
+)
+def test_kv_cache_update_rejects_bad_input(change, error, match):
+    new_kv, slots, cache = cache_case(fresh_seed())
+    args = change({"new_kv": new_kv, "slot_mapping": slots, "kv_cache": cache})
+    with pytest.raises(error, match=match):
+        xla_gpu_ops.kv_cache_update(**args)
+
+
+def test_opcheck_kv_cache_update():
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    torch.library.opcheck(torch.ops.xla_gpu.kv_cache_update.default, (new_kv, slots, cache, 2.0))
+
+
+# ---------------------------------------------------------------------------- attention scales
+def test_scales_mean_scaled_keys_and_values():
+    """k_scale and v_scale are the dequantisation of K and V: the same as scaling them."""
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float64, seed=fresh_seed())
+    kv = inputs["kv_cache"].clone()
+    kv[:, :, 0::2] *= 3.0
+    kv[:, :, 1::2] *= 0.5
+    scaled = reference.paged_attention(**{**inputs, "kv_cache": kv}, scale=0.1,
+                                       compute_dtype=torch.float64)  # fmt: skip
+    with_attrs = reference.paged_attention(**inputs, scale=0.1, k_scale=3.0, v_scale=0.5,
+                                           compute_dtype=torch.float64)  # fmt: skip
+    torch.testing.assert_close(with_attrs, scaled, rtol=1e-12, atol=1e-12)
+
+
+def fp8_case(seed):
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.bfloat16, seed=seed, pad_tokens=2)
+    inputs["kv_cache"] = (inputs["kv_cache"].float() * 40.0).to(FP8)
+    return inputs
+
+
+def test_fp8_cache_through_the_torch_cpu_op():
+    seed = fresh_seed()
+    inputs = fp8_case(seed)
+    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.025,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    out = xla_gpu_ops.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.025)
+    assert out.dtype == torch.bfloat16
+    error = ((out.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert error < 1e-2, f"seed {seed}: {error}"
+
+
+def test_fp8_query_is_rejected_naming_it():
+    inputs = fp8_case(fresh_seed())
+    inputs["query"] = inputs["query"].float().to(FP8)
+    with pytest.raises(TypeError, match="paged_attention: query: dtype float8_e4m3fn"):
+        xla_gpu_ops.paged_attention(**inputs, scale=0.1)
+
+
+# ---------------------------------------------------------------------------- JAX (XLA:CPU)
+@needs_jax
+def test_jax_host_handler_fp8_attention_and_cache_write():
+    import jax
+    import jax.numpy as jnp
+
+    from xla_gpu_ops import jax as xgo_jax
+
+    seed = fresh_seed()
+    inputs = fp8_case(seed)
+
+    def to_jax(t):
+        if t.dtype == FP8:
+            return jnp.asarray(t.view(torch.uint8).numpy()).view(jnp.float8_e4m3fn)
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(t.numpy())
+
+    cpu = jax.devices("cpu")[0]
+    arrays = [jax.device_put(to_jax(t), cpu) for t in inputs.values()]
+    out = xgo_jax.paged_attention(*arrays, scale=0.1, k_scale=0.025, v_scale=0.5)
+    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.5,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    actual = torch.from_numpy(np.array(out.astype(jnp.float32)))
+    error = ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert error < 1e-2, f"seed {seed}: {error}"
+
+    new_kv, slots, cache = cache_case(seed, torch.bfloat16, FP8, scale=300.0)
+    expected_cache = loop_oracle(new_kv, slots, cache, 0.5, 4.0)
+    written = xgo_jax.kv_cache_update(to_jax(new_kv), to_jax(slots), to_jax(cache), k_scale=0.5,
+                                      v_scale=4.0)  # fmt: skip
+    assert np.array_equal(
+        np.asarray(written).view(np.uint8), expected_cache.view(torch.uint8).numpy()
+    )
+
+
+@needs_jax
+def test_jax_cache_write_aliases_and_with_donation_copies_nothing():
+    import jax
+
+    from xla_gpu_ops import jax as xgo_jax
+
+    sample = list(ops.KV_CACHE_UPDATE.sample(False).values())
+    fn = jax.jit(lambda a, b, c: xgo_jax.kv_cache_update(a, b, c), donate_argnums=2)
+    text = fn.lower(*sample).compile().as_text()
+    call = next(line for line in text.splitlines() if "xla_gpu_kv_cache_update" in line)
+    assert "output_to_operand_aliasing={{}: (2, {})}" in call, call
+    assert "input_output_alias" in text  # the donated cache is the program's output buffer
+    assert not [line for line in text.splitlines() if " copy(" in line or "copy-start" in line], (
+        text
+    )
+
+
+@needs_jax
+def test_jax_host_handler_rejects_a_slot_past_the_cache():
+    import jax
+
+    from xla_gpu_ops import jax as xgo_jax
+
+    new_kv, slots, cache = (np.asarray(t) for t in cache_case(fresh_seed(), torch.float32))
+    slots = slots.copy()
+    slots[5] = 10_000
+    with pytest.raises(
+        Exception, match="kv_cache_update: slot_mapping: token 5 goes to slot 10000"
+    ):
+        jax.block_until_ready(xgo_jax.kv_cache_update(new_kv, slots, cache))
+
+
+# ---------------------------------------------------------------------------- torchax, torch_xla
+@pytest.mark.torchax
+@pytest.mark.skipif(importlib.util.find_spec("torchax") is None, reason="needs torchax")
+def test_torchax_cache_write_updates_the_tensor_in_place():
+    import torchax
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    expected = loop_oracle(new_kv, slots, cache, 2.0, None)
+    env = torchax.default_env()
+    with env:
+        device_cache = cache.to("jax")
+        torch.ops.xla_gpu.kv_cache_update(new_kv.to("jax"), slots.to("jax"), device_cache, 2.0)
+        written = torch.from_numpy(np.array(device_cache.jax()))
+    assert torch.equal(written, expected)
+
+
+@needs_torch_xla
+@pytest.mark.torch_xla
+@pytest.mark.parametrize("dtype", [torch.float32, FP8])
+def test_torch_xla_composite_cache_write_in_place(dtype):
+    import torch_xla
+
+    device = torch_xla.device()
+    seed = fresh_seed()
+    new_kv, slots, cache = cache_case(seed, torch.float32, dtype, scale=300.0)
+    expected = loop_oracle(new_kv, slots, cache, 0.5, None)
+    on_device = cache.to(device)
+    torch.ops.xla_gpu.kv_cache_update(new_kv.to(device), slots.to(device), on_device, 0.5)
+    assert same_bits(on_device.cpu(), expected), f"seed {seed}"
+
+
+@needs_torch_xla
+@pytest.mark.torch_xla
+def test_torch_xla_composite_cache_write_with_only_padding_changes_nothing():
+    import torch_xla
+
+    device = torch_xla.device()
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    slots[:] = -1
+    on_device = cache.to(device)
+    torch.ops.xla_gpu.kv_cache_update(new_kv.to(device), slots.to(device), on_device)
+    assert torch.equal(on_device.cpu(), cache)
+
+
+@needs_torch_xla
+@pytest.mark.torch_xla
+def test_torch_xla_attention_scales_composite():
+    import torch_xla
+
+    device = torch_xla.device()
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, seed=fresh_seed(), pad_tokens=2)
+    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=2.0, v_scale=0.5,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    out = torch.ops.xla_gpu.paged_attention(
+        *[t.to(device) for t in inputs.values()], 0.1, None, None, 2.0, 0.5
+    ).cpu()
+    torch.testing.assert_close(out.double(), expected.double(), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- CUDA
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype", "slot_dtype"),
+    [(torch.bfloat16, None, torch.int32), (torch.float32, FP8, torch.int64),
+     (torch.float16, FP8, torch.int32)],
+)  # fmt: skip
+def test_cuda_cache_write_equals_cpu_bit_for_bit(dtype, cache_dtype, slot_dtype):
+    seed = fresh_seed()
+    new_kv, slots, cache = cache_case(seed, dtype, cache_dtype, slot_dtype, scale=300.0)
+    expected = loop_oracle(new_kv, slots, cache, 0.5, 2.0)
+    on_gpu = cache.cuda()
+    pointer = on_gpu.data_ptr()
+    xla_gpu_ops.kv_cache_update(new_kv.cuda(), slots.cuda(), on_gpu, k_scale=0.5, v_scale=2.0)
+    assert on_gpu.data_ptr() == pointer
+    assert same_bits(on_gpu, expected), f"seed {seed}"
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_cache_write_skips_a_slot_past_the_cache_and_validation_names_it():
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    slots[2] = 10_000
+    expected = loop_oracle(new_kv, torch.where(slots >= 112, -1, slots), cache)
+    on_gpu = cache.cuda()
+    xla_gpu_ops.kv_cache_update(new_kv.cuda(), slots.cuda(), on_gpu)
+    assert torch.equal(on_gpu.cpu(), expected)
+    with pytest.raises(ValueError, match="slot_mapping: token 2 goes to slot 10000"):
+        xla_gpu_ops.kv_cache_update(new_kv.cuda(), slots.cuda(), on_gpu, validate=True)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_attention_scales():
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, 8, 2, 128, 16, torch.bfloat16, seed=seed, pad_tokens=2)
+    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=2.0, v_scale=0.5,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    out = xla_gpu_ops.paged_attention(**{k: t.cuda() for k, t in inputs.items()}, scale=0.1,
+                                      k_scale=2.0, v_scale=0.5).cpu()  # fmt: skip
+    error = ((out.double() - expected).norm() / expected.norm()).item()
+    assert error < 1e-2, f"seed {seed}: {error}"
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_fp8_cache_is_refused_naming_the_host_paths():
+    inputs = {k: t.cuda() for k, t in fp8_case(fresh_seed()).items()}
+    with pytest.raises(TypeError, match="kv_cache: float8_e4m3fn runs on the host"):
+        xla_gpu_ops.paged_attention(**inputs, scale=0.1)
+
+
+def compile_check() -> None:
+    """torch.compile of a step that writes the cache and reads it back equals eager."""
+    seed = fresh_seed()
+    new_kv, slots, cache = cache_case(seed, torch.float32)
+
+    def step(new_kv, slots, cache):
+        torch.ops.xla_gpu.kv_cache_update(new_kv, slots, cache, 2.0)
+        return cache.sum(dim=(1, 2, 3))
+
+    eager_cache, compiled_cache = cache.clone(), cache.clone()
+    expected = step(new_kv, slots, eager_cache)
+    actual = torch.compile(step, fullgraph=True)(new_kv, slots, compiled_cache)
+    assert torch.equal(compiled_cache, eager_cache), f"seed {seed}"  # the write: exact
+    # the read-back sums 6k floats in another order (inductor's reduction): float32 rounding
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_torch_compile_keeps_the_in_place_write():
+    """In a fresh interpreter: torchax (imported by another test here) breaks dynamo."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests_dir = Path(__file__).parent
+    script = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]];"
+        "import test_serving; test_serving.compile_check()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tests_dir), str(tests_dir.parent)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

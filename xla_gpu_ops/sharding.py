@@ -27,12 +27,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental.custom_partitioning import (
-    ArrayMapping,
-    CompoundFactor,
-    SdyShardingRule,
-    custom_partitioning,
-)
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xla_gpu_ops import head_sharding, ops
@@ -136,7 +130,7 @@ def paged_attention(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str 
 
 
 # ---------------------------------------------------------------------------- plain jit
-def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh) -> SdyShardingRule:
+def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
     """Shardy rule. Every dimension is a factor of its own (nothing ties the replicated operands
     to each other), results share the factors of the operand they mirror, and the head
     dimensions share one factor `kv` (the KV heads; the major part of a compound (kv, group)
@@ -146,6 +140,9 @@ def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh) -> S
     otherwise split an axis into sub-axes to fit the factor (K and V of one head on different
     devices, and shardings the partition callback cannot read). Unshared, the partition callback
     still sees the head axis the inputs carry and raises the ValueError of an invalid split."""
+    # Imported here: the plain-jit path alone depends on these experimental names.
+    from jax.experimental.custom_partitioning import ArrayMapping, CompoundFactor, SdyShardingRule
+
     layout = head_sharding.layout(op)
     by_name = dict(zip(op.operand_names, shapes, strict=True))
     kv_heads = layout.num_kv_heads(by_name)
@@ -194,6 +191,8 @@ def _partitioned(op_name: str, abi: str):
     def call_whole(*args):
         *operands, attrs = args
         return xgo_jax.call(op, operands, dict(attrs), abi)
+
+    from jax.experimental.custom_partitioning import custom_partitioning
 
     wrapped = custom_partitioning(call_whole, static_argnums=(len(op.operands),))
 

@@ -10,6 +10,7 @@ handlers compute each head on its own, so a sharded output equals the unsharded 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -692,3 +693,53 @@ def test_torch_xla_more_devices_than_kv_heads(torch_xla_results):
     got = ok(results, "error_more_devices", seed)
     assert got["type"] == "ValueError", got
     assert re.search(r"kv_cache: 2 KV heads .* cannot be split over 4 devices", got["message"])
+
+
+# ------------------------------------------------------------------------------- benchmark smoke
+@pytest.mark.jax
+def test_multi_gpu_benchmark_smoke_on_host_devices(tmp_path):
+    """benchmarks/multi_gpu.py on 4 host devices: it completes, writes its record, every row's
+    checks hold (equal to the one-device call, no collective, custom call on local heads) and
+    nothing is judged."""
+    pytest.importorskip("jax")
+    if not _library.is_built():
+        pytest.skip("libxla_gpu_ops.so is not built (nox -s build)")
+    out = tmp_path / "multi-gpu"
+    code = (
+        f"import sys; sys.argv = ['multi_gpu.py', '--out', {str(out)!r}]\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from benchmarks import multi_gpu\n"
+        "sys.exit(multi_gpu.main())\n"
+    )
+    env = {
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={NUM_DEVICES}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    run_python(code, env, log_dir() / "multi-gpu-smoke.log")  # exit status 0: every check held
+    table = (out / "table.md").read_text()
+    assert "not judged (smoke)" in table
+    assert "| pass |" not in table
+    assert "| FAIL |" not in table
+    files = {p.name for p in out.iterdir()}
+    assert {"results.json", "table.md", "topology.txt", "run.log"} <= files, files
+    assert {"hlo-decode-2gpu.txt", "hlo-decode-4gpu.txt"} <= files, files
+    result = json.loads((out / "results.json").read_text())
+    assert result["smoke"] is True
+    assert result["env"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    rows = {(r["case"], r["devices"]): r for r in result["rows"]}
+    assert {n for _, n in rows} == {1, 2, 4}
+    assert len(rows) == 2 * 3, sorted(rows)
+    for (case, n), row in rows.items():
+        assert "error" not in row, (case, n, row.get("error"))
+        assert row["kv_heads"] == 2 * n
+        for variant in ("shard_map", "partitioned"):
+            entry = row[variant]
+            assert "error" not in entry, (case, n, variant, entry.get("error"))
+            assert all(entry["checks"].values()), (case, n, variant, entry["checks"])
+            assert entry["bitwise"], (case, n, variant)  # host handlers: exactly equal
+            assert entry["verdict"] is None
+            assert math.isfinite(entry["timing"]["us"])
+        assert row["torchax"].get("bitwise") is True or "skipped" in row["torchax"], row["torchax"]
+    hlo_4 = (out / "hlo-decode-4gpu.txt").read_text()
+    assert head_sharding.collectives_in_hlo(hlo_4) == []
+    assert PAGED_ATTENTION.ffi_target in hlo_4

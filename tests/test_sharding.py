@@ -743,3 +743,50 @@ def test_multi_gpu_benchmark_smoke_on_host_devices(tmp_path):
     hlo_4 = (out / "hlo-decode-4gpu.txt").read_text()
     assert head_sharding.collectives_in_hlo(hlo_4) == []
     assert PAGED_ATTENTION.ffi_target in hlo_4
+
+
+def test_multi_gpu_verdicts_on_made_up_gpu_rows(monkeypatch):
+    """The scaling verdict: throughput on N devices >= 0.9 x N x the one-device throughput of
+    the same case and variant; the checks read the row's own facts."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # what importing the script sets; restored after
+    from benchmarks import multi_gpu
+
+    def row(devices, us, rel_l2=1e-4, collectives=(), local=True):
+        kv = [100, 16, 16 * devices, 128]
+        local_kv = [100, 16, 16 if local else 16 * devices, 128]
+        variant = {
+            "rel_l2": rel_l2, "max_abs": 0.0, "bitwise": False, "finite": True,
+            "collectives": list(collectives), "custom_call_kv": [f"bf16[{','.join(map(str, local_kv))}]"],
+            "out_devices": devices,
+            "timing": {"us": us, "method": "slope", "us_whole_program": us + 1,
+                       "us_whole_p10": us, "us_whole_p90": us + 2},
+        }  # fmt: skip
+        return {
+            "case": "decode", "devices": devices, "q_heads": 32 * devices, "kv_heads": 8 * devices,
+            "tokens": 32, "kv_cache_shape": kv, "kv_bytes_read": 10**9 * devices,
+            "dtype": "bfloat16", "shard_map": variant, "partitioned": dict(variant),
+        }  # fmt: skip
+
+    rows = [
+        row(1, 100.0),
+        row(2, 105.0),  # 100/105 = 0.952 of 2x: pass
+        row(4, 125.0, rel_l2=0.5, collectives=["all-gather bf16[100,16,64,128]"], local=False),
+    ]
+    multi_gpu.judge(rows, on_gpu=True)
+    one, two, four = (r["shard_map"] for r in rows)
+    assert one["verdict"] == "reference"
+    assert two["verdict"] == "pass"
+    assert two["scaling"] == pytest.approx(100 / 105)
+    assert four["verdict"] == "FAIL"
+    assert four["scaling"] == pytest.approx(0.8)
+    assert all(two["checks"].values())
+    assert four["checks"] == {
+        "equal_to_one_gpu": False, "no_collectives": False,
+        "custom_call_on_local_heads": False, "runs_on_all_devices": True,
+    }  # fmt: skip
+    assert one["head_tokens_per_s"] == pytest.approx(32 * 32 / 100e-6)
+    text = multi_gpu.table(rows, on_gpu=True)
+    assert "| pass |" in text
+    assert "| FAIL |" in text
+    multi_gpu.judge(rows := [row(1, 100.0), row(2, 300.0)], on_gpu=False)
+    assert [r["shard_map"]["verdict"] for r in rows] == [None, None]  # a smoke judges nothing

@@ -14,7 +14,8 @@ KV heads split together on one mesh axis (rules and checks: `xla_gpu_ops.head_sh
   axis of kv_cache (else of the query) is kept, everything else is replicated.
 
 A head axis with more devices than KV heads, or a KV head count it does not divide, raises
-ValueError naming kv_cache (KV heads are never replicated). Attributes (`scale`, ... and any the
+ValueError naming kv_cache (KV heads are never replicated); under plain jit the partitioner raises
+it while compiling and jax reports it as an XlaRuntimeError carrying that message. Attributes (`scale`, ... and any the
 op table adds) pass through unchanged; `torchax_paged_attention` is the same call for a PyTorch
 program under torchax. docs/SHARDING.md.
 """
@@ -250,8 +251,9 @@ def partitioned_paged_attention(*args: Any, abi: str = "ffi", **kwargs):
     """`xla_gpu_ops.jax.paged_attention` that plain `jax.jit` partitions by KV head: with
     kv_cache sharded `P(None, None, axis, None)` (and the query `P(None, axis, None)`) the
     compiled program runs the op per device on its heads, with no all-gather. Same operands and
-    attributes; ValueError naming kv_cache when the inputs' head axis has more devices than KV
-    heads or does not divide them (raised while compiling)."""
+    attributes. When the inputs' head axis has more devices than KV heads or does not divide
+    them, the partitioner raises ValueError naming kv_cache while compiling; jax reports it as
+    an XlaRuntimeError whose message ends with it."""
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
     return partitioned_call(op, operands, attrs, abi)

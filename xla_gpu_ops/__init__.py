@@ -14,7 +14,8 @@ __version__ = "0.1.0"
 __all__ = ["kv_cache_update", "paged_attention", "simple_add"]
 
 _SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "ops",
-               "reference", "xla_cuda", "torch_xla_plugin")  # fmt: skip
+               "reference", "xla_cuda", "torch_xla_plugin", "sharding", "head_sharding",
+               "torch_xla_sharding")  # fmt: skip
 
 if importlib.util.find_spec("torch") is not None:
     from xla_gpu_ops.torch_ops import kv_cache_update, paged_attention, simple_add

@@ -1,0 +1,119 @@
+"""torch_xla SPMD: paged attention sharded by KV head, with manual sharding around the call.
+
+    import torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
+    xr.use_spmd()
+    mesh = xs.Mesh(np.arange(n), (n,), ("heads",))
+    out = xla_gpu_ops.torch_xla_sharding.paged_attention(q, kv, ..., mesh=mesh, scale=0.125)
+
+Each operand is marked with its partition spec (query `(None, axis, None)`, kv_cache
+`(None, None, axis, None)`, the rest replicated) and switched to manual sharding
+(`xs.enable_manual_sharding`: XLA's SPMDFullToShardShape), so the op sees one device's heads and
+the partitioner leaves it alone; the output goes back to an SPMD tensor sharded
+`(None, axis, None)` (`xs.disable_manual_sharding`). What runs per device is
+`torch.ops.xla_gpu.<op>` on XLA tensors: the custom call, or the composite where no handler of
+ours can run (XLA:CPU; xla_gpu_ops.torch_xla). Without manual sharding, GSPMD treats the custom
+call as opaque and gathers every sharded operand in front of it. Rules and errors:
+xla_gpu_ops.head_sharding; docs/SHARDING.md.
+
+Importing this module needs torch only; torch_xla is imported when a function runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from xla_gpu_ops import head_sharding, ops
+from xla_gpu_ops.head_sharding import DEFAULT_AXIS
+
+__all__ = ["DEFAULT_AXIS", "call", "paged_attention", "partition_specs"]
+
+Axis = str | tuple[str, ...]
+
+
+def partition_specs(op: ops.Op | str = ops.PAGED_ATTENTION, axis: Axis = DEFAULT_AXIS):
+    """(operand specs, result specs) as torch_xla partition-spec tuples."""
+    op = ops.get(op)
+    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.result_like]
+    return (
+        head_sharding.partition_entries(op, axis),
+        head_sharding.result_entries(op, ranks, axis),
+    )
+
+
+def _mesh_shape(mesh: Any) -> dict[str, int]:
+    import torch_xla.distributed.spmd as xs
+
+    if not isinstance(mesh, xs.Mesh):
+        raise TypeError(
+            f"mesh: must be a torch_xla.distributed.spmd.Mesh, got {type(mesh).__name__}"
+        )
+    if mesh.axis_names is None:
+        raise ValueError("mesh: has no axis names; name its axes, e.g. ('heads',)")
+    return dict(zip(mesh.axis_names, mesh.mesh_shape, strict=True))
+
+
+def call(
+    op: ops.Op | str,
+    operands: Sequence[torch.Tensor],
+    attrs: Mapping[str, Any],
+    *,
+    mesh: Any,
+    axis: Axis = DEFAULT_AXIS,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """`torch.ops.xla_gpu.<op>` on XLA tensors, per device on its heads (manual sharding)."""
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    op = ops.get(op)
+    if not xr.is_spmd():
+        raise RuntimeError(
+            f"{op.name}: sharding needs torch_xla's SPMD mode: call torch_xla.runtime.use_spmd() "
+            "before creating XLA tensors"
+        )
+    if not isinstance(axis, str):
+        axis = tuple(axis)
+    try:
+        size = head_sharding.axis_size(_mesh_shape(mesh), axis)
+    except ValueError as error:
+        raise ValueError(f"{op.name}: {error}") from None
+    operands = list(operands)
+    device = operands[0].device
+    for i, operand in enumerate(op.operands):
+        # e.g. num_seqs may live on the host: it has to be an XLA tensor to be marked
+        if operand.host_ok and operands[i].device.type == "cpu":
+            operands[i] = operands[i].to(device)
+        if operands[i].device.type != "xla":
+            raise ValueError(
+                f"{op.name}: {operand.name}: on device {operands[i].device}, needs an XLA device"
+            )
+    head_sharding.check_split(
+        op, [tuple(t.shape) for t in operands], size, head_sharding.axis_text(axis)
+    )
+    in_specs, out_specs = partition_specs(op, axis)
+    local = [
+        xs.enable_manual_sharding(t, spec, mesh=mesh).global_tensor
+        for t, spec in zip(operands, in_specs, strict=True)
+    ]
+    outs = getattr(getattr(torch.ops, ops.NAMESPACE), op.name)(*local, **dict(attrs))
+    outs = (outs,) if op.returned == 1 else tuple(outs)
+    full_shapes = [operands[op.operand_names.index(like)].shape for like in op.result_like]
+    results = tuple(
+        xs.disable_manual_sharding(out, spec, shape, mesh=mesh).global_tensor
+        for out, spec, shape in zip(outs, out_specs, full_shapes, strict=True)
+    )
+    return results[0] if op.returned == 1 else results
+
+
+def paged_attention(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> torch.Tensor:
+    """torch.ops.xla_gpu.paged_attention on XLA tensors in SPMD mode, query heads and KV heads
+    split over `axis` of `mesh` (an xs.Mesh with named axes). Same operands and attributes
+    (positional or by name; attributes by name). Returns out [T, Hq, D] sharded
+    `(None, axis, None)`. ValueError naming kv_cache when Hkv is smaller than or not divisible
+    by the devices on `axis`."""
+    op = ops.PAGED_ATTENTION
+    operands, attrs = op.bind(args, kwargs)
+    return call(op, operands, attrs, mesh=mesh, axis=axis)

@@ -615,5 +615,7 @@ def test_host_handler_names_a_missing_attribute():
     )  # fmt: skip
     attributes = {"scale": np.float32(0.1), "sliding_window": np.int64(0),
                   "soft_cap": np.float32(0.0), "k_scale": np.float32(1.0)}  # fmt: skip
-    with pytest.raises(HANDLER_ERRORS, match="INVALID_ARGUMENT.*paged_attention: v_scale: missing"):
+    with pytest.raises(
+        HANDLER_ERRORS, match=r"INVALID_ARGUMENT.*paged_attention: v_scale: missing"
+    ):
         call(*arrays, **attributes)[0].block_until_ready()

@@ -245,12 +245,20 @@ def test_torchax_cache_write_updates_the_tensor_in_place():
     assert torch.equal(written, expected)
 
 
+def torch_xla_version() -> tuple[int, int]:
+    from xla_gpu_ops import torch_xla as binding
+
+    return binding.torch_xla_version()
+
+
 @needs_torch_xla
 @pytest.mark.torch_xla
 @pytest.mark.parametrize("dtype", [torch.float32, FP8])
 def test_torch_xla_composite_cache_write_in_place(dtype):
     import torch_xla
 
+    if dtype == FP8 and torch_xla_version() < (2, 9):
+        pytest.skip("fp8 caches need torch_xla >= 2.9 (the refusal is tested below)")
     device = torch_xla.device()
     seed = fresh_seed()
     new_kv, slots, cache = cache_case(seed, torch.float32, dtype, scale=300.0)
@@ -258,6 +266,19 @@ def test_torch_xla_composite_cache_write_in_place(dtype):
     on_device = cache.to(device)
     torch.ops.xla_gpu.kv_cache_update(new_kv.to(device), slots.to(device), on_device, 0.5)
     assert same_bits(on_device.cpu(), expected), f"seed {seed}"
+
+
+@needs_torch_xla
+@pytest.mark.torch_xla
+def test_torch_xla_before_2_9_refuses_an_fp8_cache_write():
+    import torch_xla
+
+    if torch_xla_version() >= (2, 9):
+        pytest.skip("torch_xla >= 2.9 writes fp8 caches (tested above)")
+    device = torch_xla.device()
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32, FP8)
+    with pytest.raises(TypeError, match="kv_cache: float8_e4m3fn needs torch_xla >= 2.9"):
+        torch.ops.xla_gpu.kv_cache_update(new_kv.to(device), slots.to(device), cache.to(device))
 
 
 @needs_torch_xla

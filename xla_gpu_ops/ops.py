@@ -282,19 +282,24 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
         ((num_slots + 1,), np.int32),
         ((1,), np.int32),
     ]
-    arrays = [np.zeros(shape, dtype) for shape, dtype in shapes]
+    sample = {
+        name: np.zeros(shape, dtype)
+        for name, (shape, dtype) in zip(PAGED_ATTENTION.operand_names, shapes, strict=True)
+    }
     if not zeros:
         rng = np.random.default_rng(0)
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs = arrays
-        query[...] = rng.standard_normal(query.shape, np.float32)
-        kv_cache[...] = rng.standard_normal(kv_cache.shape, np.float32)
-        block_tables[...] = np.arange(num_pages, dtype=np.int32)[::-1].reshape(block_tables.shape)
-        context_lens[: len(seqs)] = [ctx for _, ctx in seqs]
-        context_lens[len(seqs) :] = 1
-        query_start_loc[1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
-        query_start_loc[len(seqs) + 1 :] = query_start_loc[len(seqs)]
-        num_seqs[0] = len(seqs)
-    return dict(zip(PAGED_ATTENTION.operand_names, arrays, strict=True))
+        for name in ("query", "kv_cache"):
+            sample[name][...] = rng.standard_normal(sample[name].shape, np.float32)
+        sample["block_tables"][...] = np.arange(num_pages, dtype=np.int32)[::-1].reshape(
+            num_slots, pages_per_seq
+        )
+        sample["context_lens"][: len(seqs)] = [ctx for _, ctx in seqs]
+        sample["context_lens"][len(seqs) :] = 1
+        starts = sample["query_start_loc"]
+        starts[1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
+        starts[len(seqs) + 1 :] = starts[len(seqs)]
+        sample["num_seqs"][0] = len(seqs)
+    return sample
 
 
 _FLOATS = "float32, float16 or bfloat16"

@@ -277,7 +277,7 @@ def test_torch_xla_before_2_9_refuses_an_fp8_cache_write():
         pytest.skip("torch_xla >= 2.9 writes fp8 caches (tested above)")
     device = torch_xla.device()
     new_kv, slots, cache = cache_case(fresh_seed(), torch.float32, FP8)
-    with pytest.raises(TypeError, match="kv_cache: float8_e4m3fn needs torch_xla >= 2.9"):
+    with pytest.raises(TypeError, match=r"kv_cache: float8_e4m3fn needs torch_xla >= 2\.9"):
         torch.ops.xla_gpu.kv_cache_update(new_kv.to(device), slots.to(device), cache.to(device))
 
 

@@ -99,7 +99,7 @@ int32_t KvCacheUpdate::RunHost(const Config& c, void* const* buffers) {
     std::memcpy(buffers[kResult], buffers[kKvCache], cache_bytes);
   }
   return host::DispatchHost(ComputeDtypes{}, c.dtype, "kv_cache_update: new_kv", [&](auto type) {
-    using In = decltype(type);
+    using In = typename decltype(type)::Type;
     auto scatter = [&](auto cache_type) -> int32_t {
       using Out = decltype(cache_type);
       const auto* rows = static_cast<const typename In::Storage*>(buffers[kNewKv]);

@@ -165,7 +165,7 @@ int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* 
                   const int32_t* query_start_loc, const int32_t* num_seqs, void* out) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
-    using T = decltype(type);
+    using T = typename decltype(type)::Type;
     if (c.kv_dtype == XGO_F8E4M3FN) {
       return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
                                                query_start_loc, num_seqs, out);

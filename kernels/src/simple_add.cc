@@ -25,7 +25,7 @@ int32_t SimpleAdd::Describe(const OpCall<SimpleAdd>& call, Config* config, XgoRe
 // rounded sum (f32 has more than 2p+2 bits, so the double rounding is innocuous).
 int32_t SimpleAdd::RunHost(const Config& config, void* const* buffers) {
   return host::DispatchHost(ComputeDtypes{}, config.dtype, "simple_add: a", [&](auto type) {
-    using T = decltype(type);
+    using T = typename decltype(type)::Type;
     using S = typename T::Storage;
     const S* lhs = static_cast<const S*>(buffers[kA]);
     const S* rhs = static_cast<const S*>(buffers[kB]);

@@ -10,7 +10,6 @@
 #include <type_traits>
 
 #include "xla_gpu_ops/dtypes.h"
-#include "xla_gpu_ops/status.h"
 
 namespace xgo {
 
@@ -36,28 +35,9 @@ template <typename T>
 inline constexpr bool IsTensorCoreType =
     std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-template <typename T>
-struct TypeTag {
-  using Type = T;
-};
-
-// fn(TypeTag<CudaType<code>::Type>{}) for the code in Set; XGO_INVALID_DTYPE otherwise, naming
-// `what` ("paged_attention: query") and the accepted types.
 template <typename Set, typename Fn>
-int32_t DispatchCuda(Set, int32_t code, const char* what, Fn&& fn);
-
-template <int32_t... Codes, typename Fn>
-int32_t DispatchCuda(DtypeSet<Codes...>, int32_t code, const char* what, Fn&& fn) {
-  int32_t status = XGO_INVALID_DTYPE;
-  const bool found = ((code == Codes
-                           ? (status = fn(TypeTag<typename CudaType<Codes>::Type>{}), true)
-                           : false) ||
-                      ...);
-  if (!found) {
-    return Fail(XGO_INVALID_DTYPE, "%s: dtype %s is not %s", what, DtypeText(code).c_str(),
-                DtypeSet<Codes...>::Names().c_str());
-  }
-  return status;
+int32_t DispatchCuda(Set set, int32_t code, const char* what, Fn&& fn) {
+  return DispatchDtype<CudaType>(set, code, what, static_cast<Fn&&>(fn));
 }
 
 }  // namespace xgo

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "xla_gpu_ops/c_api.h"
+#include "xla_gpu_ops/status.h"
 
 namespace xgo {
 
@@ -61,6 +62,27 @@ using ComputeDtypes = DtypeSet<XGO_F32, XGO_F16, XGO_BF16>;
 inline std::string DtypeText(int32_t code) {
   const char* name = DtypeName(code);
   return name != nullptr ? std::string(name) : "dtype code " + std::to_string(code);
+}
+
+template <typename T>
+struct TypeTag {
+  using Type = T;
+};
+
+// fn(TypeTag<TypeOf<code>::Type>{}) for the code in the set (TypeOf: CudaType in device code,
+// HostType in the host handlers); XGO_INVALID_DTYPE otherwise, naming `what`
+// ("paged_attention: query") and the accepted types.
+template <template <int32_t> class TypeOf, int32_t... Codes, typename Fn>
+int32_t DispatchDtype(DtypeSet<Codes...>, int32_t code, const char* what, Fn&& fn) {
+  int32_t status = XGO_INVALID_DTYPE;
+  const bool found =
+      ((code == Codes ? (status = fn(TypeTag<typename TypeOf<Codes>::Type>{}), true) : false) ||
+       ...);
+  if (!found) {
+    return Fail(XGO_INVALID_DTYPE, "%s: dtype %s is not %s", what, DtypeText(code).c_str(),
+                DtypeSet<Codes...>::Names().c_str());
+  }
+  return status;
 }
 
 }  // namespace xgo

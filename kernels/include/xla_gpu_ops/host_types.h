@@ -150,17 +150,9 @@ struct HostType<XGO_F8E4M3FN> {
   using Type = F8E4M3FN;
 };
 
-// fn(HostType<code>::Type{}) for the code in Set; XGO_INVALID_DTYPE otherwise, naming `what`.
-template <int32_t... Codes, typename Fn>
-int32_t DispatchHost(DtypeSet<Codes...>, int32_t code, const char* what, Fn&& fn) {
-  int32_t status = XGO_INVALID_DTYPE;
-  const bool found =
-      ((code == Codes ? (status = fn(typename HostType<Codes>::Type{}), true) : false) || ...);
-  if (!found) {
-    return Fail(XGO_INVALID_DTYPE, "%s: dtype %s is not %s", what, DtypeText(code).c_str(),
-                DtypeSet<Codes...>::Names().c_str());
-  }
-  return status;
+template <typename Set, typename Fn>
+int32_t DispatchHost(Set set, int32_t code, const char* what, Fn&& fn) {
+  return DispatchDtype<HostType>(set, code, what, static_cast<Fn&&>(fn));
 }
 
 }  // namespace host

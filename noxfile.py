@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tomllib
 from pathlib import Path
 
 import nox
@@ -22,8 +23,6 @@ nox.options.sessions = ["build", "kernels", "hlo"]
 ROOT = Path(__file__).parent
 LOCKS = ROOT / "locks"
 PYTHON = "3.11"  # CI's Python; the only one with wheels for both torch_xla 2.7 and torchax
-# Ampere, Ada, Hopper (sm_90a: wgmma/TMA). Override with XLA_GPU_OPS_CUDA_ARCHS="90a" for speed.
-DEFAULT_CUDA_ARCHS = "80;86;89;90a"
 ARTIFACTS = ROOT / "artifacts"
 # Lock name -> the .in file it is compiled from; platform of every lock: CPython 3.11, manylinux x86_64.
 LOCK_PLATFORM = "x86_64-manylinux_2_28"
@@ -44,12 +43,22 @@ def install_lock(session: nox.Session, name: str) -> None:
 
 
 def install_package(session: nox.Session) -> None:
-    """Editable install of xla_gpu_ops itself (its dependencies come from the lock)."""
-    session.install("--no-deps", "-e", str(ROOT))
+    """Editable install of xla_gpu_ops (its dependencies come from the lock): a .pth pointing at the
+    source tree, no CMake run; the library is the one `nox -s build` put in xla_gpu_ops/_lib."""
+    session.install(
+        "--no-deps", "--no-build-isolation", "-C", "wheel.cmake=false",
+        "-C", "editable.mode=inplace", "-e", str(ROOT),
+    )  # fmt: skip
+
+
+def default_cuda_archs() -> str:
+    """The arch list of every build (pyproject.toml's CMAKE_CUDA_ARCHITECTURES default)."""
+    skbuild = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]
+    return skbuild["cmake"]["define"]["CMAKE_CUDA_ARCHITECTURES"]["default"]
 
 
 def cuda_archs() -> str:
-    return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+    return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS") or default_cuda_archs()
 
 
 def extra_cuda_flags() -> str:
@@ -62,58 +71,48 @@ def cmake_build_dir() -> Path:
     """One build dir per arch list (and per compiler choice: CMake cannot switch inside one), and
     one per set of extra nvcc flags."""
     name = "sm_" + cuda_archs().replace(";", "-")
-    if "XLA_GPU_OPS_NVCC" in os.environ:
+    if os.environ.get("XLA_GPU_OPS_NVCC"):
         name += "-system-nvcc"
     if extra_cuda_flags():
         name += "-flags-" + hashlib.sha256(extra_cuda_flags().encode()).hexdigest()[:8]
     return ROOT / "build" / name
 
 
-_TOOLCHAIN_PROBE = """
-import json, sysconfig, pathlib, jax.ffi
-cu13 = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13"
-print(json.dumps({"cu13": str(cu13), "nvcc": str(cu13 / "bin" / "nvcc"),
-                  "ffi_include": jax.ffi.include_dir()}))
+# The PEP 517 hook of pyproject.toml's backend, called in the build venv (no isolation: the
+# toolchain is locks/build.txt, hash-checked) so that its CMake and Ninja output shows.
+_BUILD_HOOK = """
+import json, sys, tempfile
+import scikit_build_core.build as backend
+with tempfile.TemporaryDirectory() as wheel_dir:
+    getattr(backend, sys.argv[1])(wheel_dir, config_settings=json.loads(sys.argv[2]))
 """
 
 
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    """Build kernels/ with CMake + Ninja (nvcc from the lock); install the .so into xla_gpu_ops/_lib.
+    """Build libxla_gpu_ops.so into xla_gpu_ops/_lib: `pip install -e .`'s build, persistent dir.
 
-    Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS;
-    compiler: XLA_GPU_OPS_NVCC (default: the CUDA 13 nvcc wheel from locks/build.txt).
-    XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build dir and does not install it.
-    Extra arguments go to `cmake --build`.
+    The same scikit-build-core + CMake build as `pip install .` (pyproject.toml,
+    kernels/CMakeLists.txt), run with the toolchain of locks/build.txt; incremental: a second run
+    with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS; compiler: XLA_GPU_OPS_NVCC
+    (default: the CUDA 13 nvcc wheel). XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build
+    dir and does not install it.
     """
     install_lock(session, "build")
-    probe = session.run("python", "-c", _TOOLCHAIN_PROBE, silent=True)
-    if probe is None:  # --install-only: the toolchain is installed, nothing to build
-        return
-    tools = json.loads(probe.strip())
-    # A system nvcc (e.g. CUDA 12.x for drivers older than R580) may be chosen explicitly.
-    nvcc = os.environ.get("XLA_GPU_OPS_NVCC", tools["nvcc"])
-    archs = cuda_archs()
     build_dir = cmake_build_dir()
-    # The wheel's nvcc.profile points at lib64; its static cudart is in lib.
-    env = {"LIBRARY_PATH": str(Path(tools["cu13"]) / "lib")}
-    session.run(
-        "cmake", "-G", "Ninja", "-S", str(ROOT / "kernels"), "-B", str(build_dir),
-        "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_COMPILER={nvcc}",
-        f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
-        f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
-        "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",  # for clangd in the dev container
+    settings = {
+        "build-dir": str(build_dir),
+        "cmake.define.CMAKE_EXPORT_COMPILE_COMMANDS": "ON",  # for clangd in the dev container
+    }
+    if extra_cuda_flags():
         # only variants set it, so a CUDAFLAGS environment still reaches the default build
-        *([f"-DCMAKE_CUDA_FLAGS={extra_cuda_flags()}"] if extra_cuda_flags() else []),
-        "--log-level=WARNING",
-        env=env,
-    )  # fmt: skip
-    session.run("cmake", "--build", str(build_dir), *session.posargs, env=env)
+        settings["cmake.define.CMAKE_CUDA_FLAGS"] = extra_cuda_flags()
+    session.chdir(ROOT)
+    # A variant is built as a wheel (thrown away): only the editable build installs in place.
+    hook = "build_wheel" if extra_cuda_flags() else "build_editable"
+    session.run("python", "-c", _BUILD_HOOK, hook, json.dumps(settings))
     if extra_cuda_flags():  # a variant: the package keeps its library; point at this one instead
         session.log(f"variant library (XLA_GPU_OPS_LIBRARY): {build_dir / 'libxla_gpu_ops.so'}")
-        return
-    session.run("cmake", "--install", str(build_dir), "--prefix", str(ROOT / "xla_gpu_ops"))
 
 
 def run_pytest(session: nox.Session, *args: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 LOCK = Path(__file__).parents[1] / "locks" / "default.txt"
 # Pure-Python front ends whose code we call into; cheap to hash file by file.
-HASHED_DISTRIBUTIONS = ("torchax", "jax", "flax")
+HASHED_DISTRIBUTIONS = ("torchax", "jax")
 
 
 def locked_versions() -> dict[str, str]:
@@ -21,7 +21,7 @@ def locked_versions() -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
 
 
-@pytest.mark.parametrize("name", ["torch", "torch-xla", "jax", "jaxlib", "torchax", "flax"])
+@pytest.mark.parametrize("name", ["torch", "torch-xla", "jax", "jaxlib", "torchax"])
 def test_installed_version_is_locked(name):
     try:
         installed = importlib.metadata.version(name)

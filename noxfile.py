@@ -1,7 +1,7 @@
 """The single entry point: build, test, dump HLO, benchmark and lint xla-gpu-ops.
 
 Main job on a fresh machine:  nox -s build kernels hlo
-Tests (what .ci/run calls):   nox -s lint tests
+CI's command (.ci/run, the image's CMD, compose's `tests`):  nox -s lint tests xla_cuda
 
 Every install goes through the hash-locked files in locks/ (regenerate them with `nox -s lock`).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -18,6 +19,9 @@ import nox
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv|virtualenv"
+# The image sets XLA_GPU_OPS_REUSE_VENVS=1: its venvs, made from the locks at build time, are kept
+# (and checked against the locks) instead of made anew, so a container needs no download.
+nox.options.reuse_venv = "yes" if os.environ.get("XLA_GPU_OPS_REUSE_VENVS") == "1" else "no"
 nox.options.sessions = ["build", "kernels", "hlo"]
 
 ROOT = Path(__file__).parent
@@ -34,12 +38,30 @@ LOCK_PLATFORM = "x86_64-manylinux_2_28"
 REINSTALL_AFTER = {"default": ("torchax",)}
 
 
+# Exit status 1 when a distribution's installed files differ from its RECORD (another wheel
+# overwrote them).
+_RECORD_CHECK = """
+import base64, csv, hashlib, importlib.metadata, pathlib, sys
+dist = importlib.metadata.distribution(sys.argv[1])
+for row in csv.reader(dist.read_text("RECORD").splitlines()):
+    if len(row) > 1 and row[1].startswith("sha256="):
+        path = pathlib.Path(str(dist.locate_file(row[0])))
+        data = path.read_bytes() if path.is_file() else b""
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if digest != row[1].removeprefix("sha256="):
+            sys.exit(f"{sys.argv[1]}: {row[0]} differs from the wheel's RECORD")
+"""
+
+
 def install_lock(session: nox.Session, name: str) -> None:
     """Install one hash-locked requirements file (uv checks every hash)."""
     lock_file = str(LOCKS / f"{name}.txt")
     session.install("--require-hashes", "-r", lock_file)
     for package in REINSTALL_AFTER.get(name, ()):
-        session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
+        try:
+            session.run_install("python", "-c", _RECORD_CHECK, package, silent=True)
+        except nox.command.CommandFailed:  # overwritten: put the locked wheel's files back
+            session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
 
 
 def install_package(session: nox.Session) -> None:
@@ -176,6 +198,33 @@ def lint(session: nox.Session) -> None:
             failed.append(name)
     if failed:
         session.error(f"lint failed: {', '.join(failed)}")
+
+
+@nox.session(python=PYTHON, default=False)
+def image(session: nox.Session) -> None:
+    """Prove the container route on this machine: image, CI's command in it, compose, dev container.
+
+    Builds the runtime and dev images (on a local Debian 12 made with debootstrap unless
+    XLA_GPU_OPS_BASE_IMAGE names a base), runs CI's command inside a container and through
+    `docker compose run --rm tests` (Compose v2 from locks/compose.txt, compose.cpu.yaml: no GPU),
+    opens the dev container with the pinned dev container CLI and checks edit-in-place; starts a
+    private dockerd if none runs and removes everything it made. Needs dockerd, debootstrap, npm.
+    Writes artifacts/image-route/record.json (.ci/image_route.py).
+    """
+    install_lock(session, "compose")
+    cli_dir = Path(session.create_tmp()) / "devcontainer-cli"
+    cli_dir.mkdir(exist_ok=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy2(ROOT / ".ci" / "devcontainer-cli" / name, cli_dir / name)
+    session.chdir(cli_dir)  # npm ci: the versions and integrity hashes of package-lock.json
+    session.run("npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", external=True)
+    session.chdir(ROOT)
+    session.run(
+        "python", str(ROOT / ".ci" / "image_route.py"),
+        "--compose", str(Path(session.bin) / "docker-compose"),
+        "--devcontainer", str(cli_dir / "node_modules" / ".bin" / "devcontainer"),
+        "--record", str(ARTIFACTS / "image-route" / "record.json"),
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHON, default=False)

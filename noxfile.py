@@ -64,13 +64,16 @@ def install_lock(session: nox.Session, name: str) -> None:
             session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
 
 
+# Editable install of xla_gpu_ops (its dependencies come from the lock): a .pth pointing at the
+# source tree, no CMake run; the library is the one `nox -s build` put in xla_gpu_ops/_lib.
+EDITABLE_ARGS = (
+    "--no-deps", "--no-build-isolation", "-C", "wheel.cmake=false",
+    "-C", "editable.mode=inplace", "-e", str(ROOT),
+)  # fmt: skip
+
+
 def install_package(session: nox.Session) -> None:
-    """Editable install of xla_gpu_ops (its dependencies come from the lock): a .pth pointing at the
-    source tree, no CMake run; the library is the one `nox -s build` put in xla_gpu_ops/_lib."""
-    session.install(
-        "--no-deps", "--no-build-isolation", "-C", "wheel.cmake=false",
-        "-C", "editable.mode=inplace", "-e", str(ROOT),
-    )  # fmt: skip
+    session.install(*EDITABLE_ARGS)
 
 
 def default_cuda_archs() -> str:
@@ -198,6 +201,30 @@ def lint(session: nox.Session) -> None:
             failed.append(name)
     if failed:
         session.error(f"lint failed: {', '.join(failed)}")
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False, venv_backend="none")
+def dev(session: nox.Session) -> None:
+    """A dev shell on the host: .venv with the default stack, the package (editable), the library.
+
+    Then `source .venv/bin/activate`: README's snippets, `python -m xla_gpu_ops hlo ...` and
+    examples/xla_gpu_attention.py run there; `nox -s build` rebuilds the library it loads.
+    """
+    venv = ROOT / ".venv"
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        session.run("uv", "venv", "--python", PYTHON, str(venv), external=True)
+    install = ("uv", "pip", "install", "--python", str(python))
+    lock_file = str(LOCKS / "default.txt")
+    session.run(*install, "--require-hashes", "-r", lock_file, external=True)
+    for package in REINSTALL_AFTER["default"]:
+        try:
+            session.run(str(python), "-c", _RECORD_CHECK, package, silent=True, external=True)
+        except nox.command.CommandFailed:  # overwritten by torch_xla's copy: the locked files back
+            session.run(*install, "--require-hashes", "--reinstall-package", package,
+                        "-r", lock_file, external=True)  # fmt: skip
+    session.run(*install, *EDITABLE_ARGS, external=True)
+    session.log(f"ready: source {venv.relative_to(ROOT)}/bin/activate")
 
 
 @nox.session(python=PYTHON, default=False)

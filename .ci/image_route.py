@@ -322,7 +322,7 @@ class Route:
             "image", "inspect", "-f", "{{.Id}}", DEV_IMAGE, capture=True
         ).stdout.strip()
         started = time.monotonic()
-        up = self.run(cli[0], "up", *cli[1:], log_to=self.scratch / "devcontainer-up.log")
+        self.run(cli[0], "up", *cli[1:], log_to=self.scratch / "devcontainer-up.log")
         check: dict[str, object] = {
             "up": f"{time.monotonic() - started:.0f} s (postCreateCommand nox -s build)"
         }
@@ -365,7 +365,6 @@ class Route:
                 self.failures.append(
                     f"dev container: {key}: {check.get(key)!r}, expected {value!r}"
                 )
-        del up
 
     def cleanup(self) -> None:
         with contextlib.suppress(Exception):
@@ -399,16 +398,10 @@ class Route:
                 (m for m in mounts if m.startswith(f"{self.scratch}/")), reverse=True
             ):
                 subprocess.run(["umount", mount], check=False, capture_output=True)
-        left = (
-            self.docker("images", "-q", check=False, capture=True).stdout.split()
-            if self.daemon is None
-            else []
-        )
         self._sampling = False
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.scratch.exists():
             self.failures.append(f"could not remove {self.scratch}")
-        del left
 
     def main(self) -> int:
         started = time.monotonic()

@@ -121,7 +121,8 @@ def build(session: nox.Session) -> None:
     kernels/CMakeLists.txt), run with the toolchain of locks/build.txt; incremental: a second run
     with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS; compiler: XLA_GPU_OPS_NVCC
     (default: the CUDA 13 nvcc wheel). XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build
-    dir and does not install it. Extra arguments go to ninja (e.g. `-- -j1`).
+    dir and does not install it. Extra arguments are not read here: nox passes them to every
+    session it runs, and they belong to the tests (`nox -s tests -- FILE`).
     """
     install_lock(session, "build")
     build_dir = cmake_build_dir()
@@ -129,8 +130,6 @@ def build(session: nox.Session) -> None:
         "build-dir": str(build_dir),
         "cmake.define.CMAKE_EXPORT_COMPILE_COMMANDS": "ON",  # for clangd in the dev container
     }
-    if session.posargs:
-        settings["build.tool-args"] = list(session.posargs)
     if extra_cuda_flags():
         # only variants set it, so a CUDAFLAGS environment still reaches the default build
         settings["cmake.define.CMAKE_CUDA_FLAGS"] = extra_cuda_flags()

@@ -1,27 +1,34 @@
-# syntax=docker/dockerfile:1
 # xla-gpu-ops image: the same locks and nox sessions as CI (.ci/run), nothing of its own.
 #
-#   docker build --target runtime -t xla-gpu-ops .      # stack + built kernels
-#   docker build --target dev -t xla-gpu-ops:dev .      # + editor tools, for .devcontainer/
-#   docker compose run --rm tests                       # what CI runs: nox -s lint tests xla_cuda
+#   DOCKER_BUILDKIT=1 docker build --target runtime -t xla-gpu-ops:runtime .
+#   docker compose run --rm tests        # CI's command, nox -s lint tests xla_cuda, on the GPUs
+#   nox -s image                         # what CI proves: build, tests, compose, dev container
 #
-# Toolchain: the kernels are compiled by `nox -s build` with the CUDA 13 nvcc wheels from
-# locks/build.txt, exactly like CI, so the image's libxla_gpu_ops.so is the one CI proves.
-# CUDA 13 code needs an R580+ driver on the host. The CUDA 12.8 devel base still carries a system
-# nvcc (/usr/local/cuda/bin) for hosts with older drivers; see docs/ENVIRONMENT.md.
+# Builds offline from the registries' point of view: no `# syntax=` line (BuildKit would fetch a
+# frontend), only the built-in frontend's RUN --mount=type=secret.
+#
 # Build args:
-#   XLA_GPU_OPS_CUDA_ARCHS  CUDA archs for `nox -s build` (noxfile default "80;86;89;90a";
-#                           "90a" alone: one arch instead of four, for an H100/H200-only image)
-#   USER_UID / USER_GID     uid/gid of the non-root user, to match the owner of a bind-mounted checkout
+#   BASE_IMAGE              default the CUDA 12.8 devel image (cuda-gdb, compute-sanitizer and a
+#                           system nvcc for XLA_GPU_OPS_NVCC); any Debian 12 / Ubuntu 22.04 image
+#                           works (CI passes a local Debian 12 made with debootstrap)
+#   XLA_GPU_OPS_CUDA_ARCHS  CUDA archs of the build (default pyproject.toml's "80;86;89;90a")
+#   USER_UID / USER_GID     the checkout owner's ids: the user `dev` gets them (also 0 for a
+#                           root-owned checkout), so a bind-mounted checkout stays writable
+# Build secret (optional): extra_ca, PEM certificates to trust while downloading, e.g. behind a
+# TLS-re-signing proxy: `docker build --secret id=extra_ca,src=ca.pem`. Used only inside the steps
+# that download (.ci/with-build-ca), never written to a layer.
+#
+# The kernels are compiled by `nox -s build` with the CUDA 13 nvcc wheels of locks/build.txt, as in
+# CI (CUDA 13 code needs an R580+ driver); the uv cache is a temporary folder of the step that fills
+# the venvs, removed in that step, so no layer holds it.
 
-# Pinned by tag. No cuDNN flavour: torch and jax bring their own cuDNN wheels from the lock.
-FROM nvidia/cuda:12.8.1-devel-ubuntu22.04 AS base
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-devel-ubuntu22.04
+FROM ${BASE_IMAGE} AS base
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Python 3.11 is CI's Python (locks are compiled for it); Ubuntu 22.04 ships it in its own
-# archive (python3.11, universe), signed like the rest of the base: no PPA, no download from
-# outside the package registries. g++ is nvcc's host compiler; git for editable installs.
+# Python 3.11 (the locks' Python) from the base's own archive: Debian 12's default python3,
+# Ubuntu 22.04's universe. g++ is nvcc's host compiler; git for editable installs.
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
@@ -33,61 +40,62 @@ RUN apt-get update \
         python3.11-venv \
     && rm -rf /var/lib/apt/lists/*
 
+# `dev` has the checkout owner's ids, whatever they are (-o: uid 0 for a root-owned checkout).
 ARG USER_UID=1000
 ARG USER_GID=1000
-RUN groupadd --gid "${USER_GID}" dev \
-    && useradd --uid "${USER_UID}" --gid "${USER_GID}" --create-home --shell /bin/bash dev \
-    && mkdir -p /work /opt/bootstrap \
-    && chown "${USER_UID}:${USER_GID}" /work /opt/bootstrap
+RUN (getent group "${USER_GID}" >/dev/null || groupadd --gid "${USER_GID}" dev) \
+    && useradd --non-unique --uid "${USER_UID}" --gid "${USER_GID}" --home-dir /home/dev \
+        --shell /bin/bash dev \
+    && mkdir -p /work /opt/bootstrap /home/dev \
+    && chown "${USER_UID}:${USER_GID}" /work /opt/bootstrap /home/dev
 
-ENV PATH=/opt/bootstrap/bin:${PATH} \
+# XLA_GPU_OPS_REUSE_VENVS: nox keeps the venvs made below instead of making them anew, so a
+# container runs the sessions without downloading (the venvs are checked against the locks).
+ENV HOME=/home/dev \
+    PATH=/opt/bootstrap/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     UV_CACHE_DIR=/home/dev/.cache/uv \
     UV_PYTHON_DOWNLOADS=never \
-    UV_PYTHON_PREFERENCE=only-system
+    UV_PYTHON_PREFERENCE=only-system \
+    XLA_GPU_OPS_REUSE_VENVS=1
 
 USER ${USER_UID}:${USER_GID}
 WORKDIR /work
 
 # Bootstrap: nox and uv, hash-checked, the same step as .ci/run.
-COPY --chown=${USER_UID}:${USER_GID} locks/bootstrap.txt /work/locks/bootstrap.txt
-RUN python3.11 -m venv /opt/bootstrap \
-    && /opt/bootstrap/bin/python -m pip install --no-cache-dir --require-hashes -r /work/locks/bootstrap.txt
+COPY .ci/with-build-ca /usr/local/bin/with-build-ca
+COPY --chown=${USER_UID}:${USER_GID} locks/bootstrap.txt /opt/bootstrap/bootstrap.txt
+RUN --mount=type=secret,id=extra_ca,mode=0444 \
+    python3.11 -m venv /opt/bootstrap \
+    && with-build-ca /opt/bootstrap/bin/python -m pip install --no-cache-dir \
+        --require-hashes -r /opt/bootstrap/bootstrap.txt
 
 
 FROM base AS runtime
-ARG USER_UID=1000
-ARG USER_GID=1000
-
-# Locks before source: editing the package or the kernels never re-downloads the stack.
-# This layer only fills uv's cache from the hash-locked files (no venv is kept); the session
-# venvs themselves are made below by nox, from the same locks.
-COPY --chown=${USER_UID}:${USER_GID} locks/ /work/locks/
-RUN for lock in locks/build.txt locks/default.txt locks/lint.txt; do \
-        uv venv --quiet --python 3.11 /tmp/cache-fill \
-        && uv pip install --quiet --python /tmp/cache-fill --require-hashes -r "/work/${lock}" \
-        && rm -rf /tmp/cache-fill \
-        || exit 1; \
-    done
 
 COPY --chown=${USER_UID}:${USER_GID} . /work
 
-# The same nox sessions as CI: `tests` requires `build`, which compiles the kernels and installs
-# libxla_gpu_ops.so into xla_gpu_ops/_lib; `tests` then installs the default lock and the
-# package. PYTEST_ADDOPTS makes pytest only collect here: there is no GPU during `docker build`.
+# The default stack only: the venvs of `build`, `lint` and `tests` (torch_xla 2.9, jax 0.7.1,
+# torchax), made by nox from the locks in one step that shares, then removes, its uv cache.
+# `tests` requires `build`, which compiles the kernels and installs libxla_gpu_ops.so;
+# PYTEST_ADDOPTS makes pytest only collect here: there is no GPU during `docker build`.
+# `nox -s xla_cuda` in this image makes its own venv when first run (the xla-cuda target has it).
 ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
 ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
-RUN PYTEST_ADDOPTS="--collect-only -q" nox -s tests
+RUN --mount=type=secret,id=extra_ca,mode=0444 \
+    export UV_CACHE_DIR=/tmp/uv-cache \
+    && with-build-ca nox -s lint --install-only \
+    && PYTEST_ADDOPTS="--collect-only -q" with-build-ca nox -s tests \
+    && rm -rf /tmp/uv-cache
 
-CMD ["nox", "-s", "lint", "tests"]
+CMD ["nox", "-s", "lint", "tests", "xla_cuda"]
 
 
 FROM runtime AS dev
-ARG USER_UID=1000
-ARG USER_GID=1000
 
-# Editor tools for the dev container: clangd for the C++/CUDA extension (it cannot download one
-# offline), gdb for host code (cuda-gdb comes with the devel base).
+# Editor tools for the dev container: clangd for the C++/CUDA sources (the VS Code extension
+# cannot download one offline), gdb for host code (cuda-gdb comes with the CUDA devel base).
 USER 0:0
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
@@ -107,28 +115,17 @@ CMD ["sleep", "infinity"]
 #   docker compose run --rm tests-xla-cuda              # nox -s xla_cuda on the GPUs of the host
 #
 # torch 2.7.0 + torch_xla 2.7.0 + JAX's CUDA PJRT plugin (jax-cuda12-pjrt 0.5.3, PJRT C API 0.67),
-# all from locks/xla-cuda.txt with hashes; the CUDA 12 libraries come as nvidia-*-cu12 wheels, so
-# the base image's toolkit is not used at run time. The kernels are built by `nox -s build` from
-# locks/build.txt, as in the runtime target.
+# all from locks/xla-cuda.txt with hashes. The kernels are built by `nox -s build`, as in runtime.
 # ---------------------------------------------------------------------------------------------
 FROM base AS xla-cuda
-ARG USER_UID=1000
-ARG USER_GID=1000
-
-# Locks before source, as in runtime: only uv's cache is filled here, nox makes the venvs.
-COPY --chown=${USER_UID}:${USER_GID} locks/ /work/locks/
-RUN for lock in locks/build.txt locks/xla-cuda.txt; do \
-        uv venv --quiet --python 3.11 /tmp/cache-fill \
-        && uv pip install --quiet --python /tmp/cache-fill --require-hashes -r "/work/${lock}" \
-        && rm -rf /tmp/cache-fill \
-        || exit 1; \
-    done
 
 COPY --chown=${USER_UID}:${USER_GID} . /work
 
-# Builds the kernels and the session's venv; pytest only collects (no GPU during `docker build`).
 ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
 ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
-RUN PYTEST_ADDOPTS="--collect-only -q" nox -s xla_cuda
+RUN --mount=type=secret,id=extra_ca,mode=0444 \
+    export UV_CACHE_DIR=/tmp/uv-cache \
+    && PYTEST_ADDOPTS="--collect-only -q" with-build-ca nox -s xla_cuda \
+    && rm -rf /tmp/uv-cache
 
 CMD ["nox", "-s", "xla_cuda"]

@@ -1,7 +1,7 @@
 """The single entry point: build, test, dump HLO, benchmark and lint xla-gpu-ops.
 
 Main job on a fresh machine:  nox -s build kernels hlo
-Tests (what .ci/run calls):   nox -s lint tests
+CI's command (.ci/run, the image's CMD, compose's `tests`):  nox -s lint tests xla_cuda
 
 Every install goes through the hash-locked files in locks/ (regenerate them with `nox -s lock`).
 """
@@ -11,19 +11,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tomllib
 from pathlib import Path
 
 import nox
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv|virtualenv"
+# The image sets XLA_GPU_OPS_REUSE_VENVS=1: its venvs, made from the locks at build time, are kept
+# (and checked against the locks) instead of made anew, so a container needs no download.
+nox.options.reuse_venv = "yes" if os.environ.get("XLA_GPU_OPS_REUSE_VENVS") == "1" else "no"
 nox.options.sessions = ["build", "kernels", "hlo"]
 
 ROOT = Path(__file__).parent
 LOCKS = ROOT / "locks"
 PYTHON = "3.11"  # CI's Python; the only one with wheels for both torch_xla 2.7 and torchax
-# Ampere, Ada, Hopper (sm_90a: wgmma/TMA). Override with XLA_GPU_OPS_CUDA_ARCHS="90a" for speed.
-DEFAULT_CUDA_ARCHS = "80;86;89;90a"
 ARTIFACTS = ROOT / "artifacts"
 # Lock name -> the .in file it is compiled from; platform of every lock: CPython 3.11, manylinux x86_64.
 LOCK_PLATFORM = "x86_64-manylinux_2_28"
@@ -35,21 +38,52 @@ LOCK_PLATFORM = "x86_64-manylinux_2_28"
 REINSTALL_AFTER = {"default": ("torchax",)}
 
 
+# Exit status 1 when a distribution's installed files differ from its RECORD (another wheel
+# overwrote them).
+_RECORD_CHECK = """
+import base64, csv, hashlib, importlib.metadata, pathlib, sys
+dist = importlib.metadata.distribution(sys.argv[1])
+for row in csv.reader(dist.read_text("RECORD").splitlines()):
+    if len(row) > 1 and row[1].startswith("sha256="):
+        path = pathlib.Path(str(dist.locate_file(row[0])))
+        data = path.read_bytes() if path.is_file() else b""
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if digest != row[1].removeprefix("sha256="):
+            sys.exit(f"{sys.argv[1]}: {row[0]} differs from the wheel's RECORD")
+"""
+
+
 def install_lock(session: nox.Session, name: str) -> None:
     """Install one hash-locked requirements file (uv checks every hash)."""
     lock_file = str(LOCKS / f"{name}.txt")
     session.install("--require-hashes", "-r", lock_file)
     for package in REINSTALL_AFTER.get(name, ()):
-        session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
+        try:
+            session.run_install("python", "-c", _RECORD_CHECK, package, silent=True)
+        except nox.command.CommandFailed:  # overwritten: put the locked wheel's files back
+            session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
+
+
+# Editable install of xla_gpu_ops (its dependencies come from the lock): a .pth pointing at the
+# source tree, no CMake run; the library is the one `nox -s build` put in xla_gpu_ops/_lib.
+EDITABLE_ARGS = (
+    "--no-deps", "--no-build-isolation", "-C", "wheel.cmake=false",
+    "-C", "editable.mode=inplace", "-e", str(ROOT),
+)  # fmt: skip
 
 
 def install_package(session: nox.Session) -> None:
-    """Editable install of xla_gpu_ops itself (its dependencies come from the lock)."""
-    session.install("--no-deps", "-e", str(ROOT))
+    session.install(*EDITABLE_ARGS)
+
+
+def default_cuda_archs() -> str:
+    """The arch list of every build (pyproject.toml's CMAKE_CUDA_ARCHITECTURES default)."""
+    skbuild = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]
+    return skbuild["cmake"]["define"]["CMAKE_CUDA_ARCHITECTURES"]["default"]
 
 
 def cuda_archs() -> str:
-    return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+    return os.environ.get("XLA_GPU_OPS_CUDA_ARCHS") or default_cuda_archs()
 
 
 def extra_cuda_flags() -> str:
@@ -62,58 +96,49 @@ def cmake_build_dir() -> Path:
     """One build dir per arch list (and per compiler choice: CMake cannot switch inside one), and
     one per set of extra nvcc flags."""
     name = "sm_" + cuda_archs().replace(";", "-")
-    if "XLA_GPU_OPS_NVCC" in os.environ:
+    if os.environ.get("XLA_GPU_OPS_NVCC"):
         name += "-system-nvcc"
     if extra_cuda_flags():
         name += "-flags-" + hashlib.sha256(extra_cuda_flags().encode()).hexdigest()[:8]
     return ROOT / "build" / name
 
 
-_TOOLCHAIN_PROBE = """
-import json, sysconfig, pathlib, jax.ffi
-cu13 = pathlib.Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cu13"
-print(json.dumps({"cu13": str(cu13), "nvcc": str(cu13 / "bin" / "nvcc"),
-                  "ffi_include": jax.ffi.include_dir()}))
+# The PEP 517 hook of pyproject.toml's backend, called in the build venv (no isolation: the
+# toolchain is locks/build.txt, hash-checked) so that its CMake and Ninja output shows.
+_BUILD_HOOK = """
+import json, sys, tempfile
+import scikit_build_core.build as backend
+with tempfile.TemporaryDirectory() as wheel_dir:
+    getattr(backend, sys.argv[1])(wheel_dir, config_settings=json.loads(sys.argv[2]))
 """
 
 
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    """Build kernels/ with CMake + Ninja (nvcc from the lock); install the .so into xla_gpu_ops/_lib.
+    """Build libxla_gpu_ops.so into xla_gpu_ops/_lib: `pip install -e .`'s build, persistent dir.
 
-    Incremental: a second run with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS;
-    compiler: XLA_GPU_OPS_NVCC (default: the CUDA 13 nvcc wheel from locks/build.txt).
-    XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build dir and does not install it.
-    Extra arguments go to `cmake --build`.
+    The same scikit-build-core + CMake build as `pip install .` (pyproject.toml,
+    kernels/CMakeLists.txt), run with the toolchain of locks/build.txt; incremental: a second run
+    with no change rebuilds nothing. Arch list: XLA_GPU_OPS_CUDA_ARCHS; compiler: XLA_GPU_OPS_NVCC
+    (default: the CUDA 13 nvcc wheel). XLA_GPU_OPS_CUDA_FLAGS builds a variant in its own build
+    dir and does not install it. Extra arguments are not read here: nox passes them to every
+    session it runs, and they belong to the tests (`nox -s tests -- FILE`).
     """
     install_lock(session, "build")
-    probe = session.run("python", "-c", _TOOLCHAIN_PROBE, silent=True)
-    if probe is None:  # --install-only: the toolchain is installed, nothing to build
-        return
-    tools = json.loads(probe.strip())
-    # A system nvcc (e.g. CUDA 12.x for drivers older than R580) may be chosen explicitly.
-    nvcc = os.environ.get("XLA_GPU_OPS_NVCC", tools["nvcc"])
-    archs = cuda_archs()
     build_dir = cmake_build_dir()
-    # The wheel's nvcc.profile points at lib64; its static cudart is in lib.
-    env = {"LIBRARY_PATH": str(Path(tools["cu13"]) / "lib")}
-    session.run(
-        "cmake", "-G", "Ninja", "-S", str(ROOT / "kernels"), "-B", str(build_dir),
-        "-DCMAKE_BUILD_TYPE=Release",
-        f"-DCMAKE_CUDA_COMPILER={nvcc}",
-        f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
-        f"-DXLA_FFI_INCLUDE_DIR={tools['ffi_include']}",
-        "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",  # for clangd in the dev container
+    settings = {
+        "build-dir": str(build_dir),
+        "cmake.define.CMAKE_EXPORT_COMPILE_COMMANDS": "ON",  # for clangd in the dev container
+    }
+    if extra_cuda_flags():
         # only variants set it, so a CUDAFLAGS environment still reaches the default build
-        *([f"-DCMAKE_CUDA_FLAGS={extra_cuda_flags()}"] if extra_cuda_flags() else []),
-        "--log-level=WARNING",
-        env=env,
-    )  # fmt: skip
-    session.run("cmake", "--build", str(build_dir), *session.posargs, env=env)
+        settings["cmake.define.CMAKE_CUDA_FLAGS"] = extra_cuda_flags()
+    session.chdir(ROOT)
+    # A variant is built as a wheel (thrown away): only the editable build installs in place.
+    hook = "build_wheel" if extra_cuda_flags() else "build_editable"
+    session.run("python", "-c", _BUILD_HOOK, hook, json.dumps(settings))
     if extra_cuda_flags():  # a variant: the package keeps its library; point at this one instead
         session.log(f"variant library (XLA_GPU_OPS_LIBRARY): {build_dir / 'libxla_gpu_ops.so'}")
-        return
-    session.run("cmake", "--install", str(build_dir), "--prefix", str(ROOT / "xla_gpu_ops"))
 
 
 def run_pytest(session: nox.Session, *args: str) -> None:
@@ -177,6 +202,57 @@ def lint(session: nox.Session) -> None:
             failed.append(name)
     if failed:
         session.error(f"lint failed: {', '.join(failed)}")
+
+
+@nox.session(python=PYTHON, requires=["build"], default=False, venv_backend="none")
+def dev(session: nox.Session) -> None:
+    """A dev shell on the host: .venv with the default stack, the package (editable), the library.
+
+    Then `source .venv/bin/activate`: README's snippets, `python -m xla_gpu_ops hlo ...` and
+    examples/xla_gpu_attention.py run there; `nox -s build` rebuilds the library it loads.
+    """
+    venv = ROOT / ".venv"
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        session.run("uv", "venv", "--python", PYTHON, str(venv), external=True)
+    install = ("uv", "pip", "install", "--python", str(python))
+    lock_file = str(LOCKS / "default.txt")
+    session.run(*install, "--require-hashes", "-r", lock_file, external=True)
+    for package in REINSTALL_AFTER["default"]:
+        try:
+            session.run(str(python), "-c", _RECORD_CHECK, package, silent=True, external=True)
+        except nox.command.CommandFailed:  # overwritten by torch_xla's copy: the locked files back
+            session.run(*install, "--require-hashes", "--reinstall-package", package,
+                        "-r", lock_file, external=True)  # fmt: skip
+    session.run(*install, *EDITABLE_ARGS, external=True)
+    session.log(f"ready: source {venv.relative_to(ROOT)}/bin/activate")
+
+
+@nox.session(python=PYTHON, default=False)
+def image(session: nox.Session) -> None:
+    """Prove the container route on this machine: image, CI's command in it, compose, dev container.
+
+    Builds the runtime and dev images (on a local Debian 12 made with debootstrap unless
+    XLA_GPU_OPS_BASE_IMAGE names a base), runs CI's command inside a container and through
+    `docker compose run --rm tests` (Compose v2 from locks/compose.txt, compose.cpu.yaml: no GPU),
+    opens the dev container with the pinned dev container CLI and checks edit-in-place; starts a
+    private dockerd if none runs and removes everything it made. Needs dockerd, debootstrap, npm.
+    Writes artifacts/image-route/record.json (.ci/image_route.py).
+    """
+    install_lock(session, "compose")
+    cli_dir = Path(session.create_tmp()) / "devcontainer-cli"
+    cli_dir.mkdir(exist_ok=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy2(ROOT / ".ci" / "devcontainer-cli" / name, cli_dir / name)
+    session.chdir(cli_dir)  # npm ci: the versions and integrity hashes of package-lock.json
+    session.run("npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", external=True)
+    session.chdir(ROOT)
+    session.run(
+        "python", str(ROOT / ".ci" / "image_route.py"),
+        "--compose", str(Path(session.bin) / "docker-compose"),
+        "--devcontainer", str(cli_dir / "node_modules" / ".bin" / "devcontainer"),
+        "--record", str(ARTIFACTS / "image-route" / "record.json"),
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHON, default=False)

@@ -406,6 +406,46 @@ def check_devcontainer(
     return commands
 
 
+CI_COMMAND_DOCS = ("noxfile.py", "docs/ENVIRONMENT.md")
+
+
+def check_ci_command(
+    root: Path, ci_command: list[str], sessions: set[str], services: dict, problems: Problems
+) -> None:
+    expected = "nox -s " + " ".join(ci_command)
+    # a written command: `nox -s lint tests` and the session names that follow it
+    names = "|".join(sorted(map(re.escape, sessions), key=len, reverse=True))
+    mention = re.compile(rf"nox -s lint tests(?: (?:{names})\b)*")
+    tests_service = services.get("tests") if isinstance(services.get("tests"), dict) else None
+    if tests_service is not None:
+        tests_calls = nox_calls(command_tokens(tests_service.get("command")))
+        if tests_calls != [ci_command]:
+            problems.add(
+                COMPOSE,
+                f"service 'tests' runs nox sessions {tests_calls}, CI ({CI_RUN}) runs {ci_command}",
+            )
+    dockerfile = root / DOCKERFILE
+    if dockerfile.is_file():
+        cmds = [
+            call
+            for keyword, rest in dockerfile_instructions(dockerfile.read_text())
+            if keyword == "CMD"
+            for tokens in dockerfile_commands([(keyword, rest)])
+            for call in nox_calls(tokens)
+        ]
+        if ci_command not in cmds:
+            problems.add(DOCKERFILE, f"no CMD runs CI's command `{expected}` (CMDs: {cmds})")
+    for name in CI_COMMAND_DOCS:
+        path = root / name
+        if not path.is_file():
+            continue
+        mentions = set(mention.findall(path.read_text()))
+        if expected not in mentions:
+            problems.add(name, f"does not state CI's command `{expected}`")
+        for other in sorted(mentions - {expected}):
+            problems.add(name, f"states `{other}` where CI's command is `{expected}`")
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
     problems = Problems()
@@ -446,18 +486,14 @@ def main(argv: list[str]) -> int:
     ):
         problems.add(DEVCONTAINER, "postCreateCommand must run `nox -s build`")
 
-    # `docker compose run --rm tests` must run what CI runs.
-    ci_sessions = sorted({s for call in per_file_calls[CI_RUN] for s in call})
-    tests_service = services.get("tests") if isinstance(services.get("tests"), dict) else None
-    if tests_service is not None and ci_text:
-        tests_sessions = sorted(
-            {s for call in nox_calls(command_tokens(tests_service.get("command"))) for s in call}
-        )
-        if tests_sessions != ci_sessions:
-            problems.add(
-                COMPOSE,
-                f"service 'tests' runs nox sessions {tests_sessions}, CI ({CI_RUN}) runs {ci_sessions}",
-            )
+    # One statement of CI's test command everywhere: the `nox` call of .ci/run that runs `tests`;
+    # compose's `tests` service, a CMD of the Dockerfile (the runtime image's) and every
+    # `nox -s lint tests ...` written in the noxfile and docs/ENVIRONMENT.md say the same.
+    ci_command = next((call for call in per_file_calls[CI_RUN] if "tests" in call), None)
+    if ci_text and ci_command is None:
+        problems.add(CI_RUN, "runs no `nox -s ... tests ...`: CI's test command not found")
+    if ci_command is not None:
+        check_ci_command(root, ci_command, sessions, services, problems)
 
     referenced_locks = {name: "noxfile.py" for name in noxfile_locks(root)}
     for path in (DOCKERFILE, COMPOSE, DEVCONTAINER, CI_RUN):

@@ -136,6 +136,9 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
 
 
 def main(argv=None) -> int:
+    from xla_gpu_ops._platform import prefer_cpu_without_gpu
+
+    prefer_cpu_without_gpu()  # on a CPU machine JAX starts on the CPU, without the CUDA plugin's ERROR
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced grid (keeps the anchor)")
     parser.add_argument("--cases", nargs="*", default=(), help="run cases whose name contains any")

@@ -45,6 +45,7 @@ if importlib.util.find_spec("xla_gpu_ops") is None:  # run from a checkout witho
 
 import xla_gpu_ops
 from xla_gpu_ops import _library
+from xla_gpu_ops._platform import prefer_cpu_without_gpu
 from xla_gpu_ops.ops import KV_CACHE_UPDATE, PAGED_ATTENTION
 
 MODES = ("cpu", "cuda", "torch_xla", "torchax")
@@ -445,6 +446,7 @@ def run(modes: list[str], scenario: Scenario) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefer_cpu_without_gpu()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=[*MODES, "all"], default="all")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")

@@ -23,6 +23,7 @@ LINTED_PATHS = (
     ".ci",
     "noxfile.py",
     "locks",
+    "docs/ENVIRONMENT.md",
 )
 
 
@@ -43,6 +44,7 @@ pytestmark = [
 def repo_copy(tmp_path: Path) -> Path:
     for name in LINTED_PATHS:
         source = ROOT / name
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
@@ -140,9 +142,45 @@ def test_compose_tests_service_must_match_ci(repo_copy: Path) -> None:
     result = run_checker(repo_copy)
     assert result.returncode == 1
     assert (
-        "service 'tests' runs nox sessions ['tests'], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']"
+        "service 'tests' runs nox sessions [['tests']], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']"
         in result.stdout
     )
+
+
+def test_dockerfile_cmd_must_be_ci_command(repo_copy: Path) -> None:
+    replace_once(
+        repo_copy / "Dockerfile",
+        'CMD ["nox", "-s", "lint", "tests", "xla_cuda"]',
+        'CMD ["nox", "-s", "lint", "tests"]',
+    )
+    result = run_checker(repo_copy)
+    assert result.returncode == 1
+    assert "Dockerfile: no CMD runs CI's command `nox -s lint tests xla_cuda`" in result.stdout
+
+
+def test_docs_must_state_ci_command(repo_copy: Path) -> None:
+    # An older statement of CI's command left in the docs is a finding.
+    docs = repo_copy / "docs" / "ENVIRONMENT.md"
+    docs.write_text(docs.read_text() + "\nCI runs `nox -s lint tests`.\n")
+    result = run_checker(repo_copy)
+    assert result.returncode == 1
+    assert (
+        "docs/ENVIRONMENT.md: states `nox -s lint tests` where CI's command is "
+        "`nox -s lint tests xla_cuda`" in result.stdout
+    )
+
+
+def test_ci_command_change_must_reach_every_statement(repo_copy: Path) -> None:
+    # Changing CI's command alone: compose, the Dockerfile, the noxfile and the docs disagree.
+    replace_once(
+        repo_copy / ".ci" / "run",
+        'step "nox -s lint tests xla_cuda" "$host_log" nox -s lint tests xla_cuda',
+        'step "nox -s lint tests" "$host_log" nox -s lint tests',
+    )
+    result = run_checker(repo_copy)
+    assert result.returncode == 1
+    for path in ("compose.yaml", "Dockerfile", "noxfile.py", "docs/ENVIRONMENT.md"):
+        assert f"{path}: " in result.stdout, (path, result.stdout)
 
 
 def test_missing_lock_fails(repo_copy: Path) -> None:

@@ -6,14 +6,18 @@ import base64
 import csv
 import hashlib
 import importlib.metadata
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 LOCK = Path(__file__).parents[1] / "locks" / "default.txt"
 # Pure-Python front ends whose code we call into; cheap to hash file by file.
-HASHED_DISTRIBUTIONS = ("torchax", "jax", "flax")
+HASHED_DISTRIBUTIONS = ("torchax", "jax")
 
 
 def locked_versions() -> dict[str, str]:
@@ -21,7 +25,7 @@ def locked_versions() -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
 
 
-@pytest.mark.parametrize("name", ["torch", "torch-xla", "jax", "jaxlib", "torchax", "flax"])
+@pytest.mark.parametrize("name", ["torch", "torch-xla", "jax", "jaxlib", "torchax"])
 def test_installed_version_is_locked(name):
     try:
         installed = importlib.metadata.version(name)
@@ -52,3 +56,34 @@ def test_installed_files_match_record(name):
         if digest.rstrip(b"=").decode() != row[1].removeprefix("sha256="):
             mismatched.append(row[0])
     assert not mismatched, f"{name}: files differ from the wheel's RECORD: {mismatched[:5]}"
+
+
+def _jax_start_log(prefer_cpu: bool) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter that starts JAX, with or without the entry points' platform default."""
+    code = (
+        ("from xla_gpu_ops._platform import prefer_cpu_without_gpu; prefer_cpu_without_gpu()\n" if prefer_cpu else "")
+        + "import jax; print('platform:', jax.devices()[0].platform)"
+    )  # fmt: skip
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+        check=False, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_no_jax_error_line_on_a_machine_without_gpu():
+    """The CLI and the example call prefer_cpu_without_gpu() first: on a machine without an NVIDIA
+    GPU, JAX then starts on its CPU without the CUDA plugin's ERROR (cuInit failed)."""
+    from xla_gpu_ops._platform import has_nvidia_gpu
+
+    if has_nvidia_gpu():
+        pytest.skip("an NVIDIA GPU is present: JAX uses it, nothing to quiet")
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        pytest.skip("no JAX CUDA 12 plugin installed: no ERROR to quiet")
+    plain = _jax_start_log(prefer_cpu=False)
+    assert "ERROR" in plain.stderr, "the CUDA plugin no longer logs an ERROR here: drop the filter"
+    quiet = _jax_start_log(prefer_cpu=True)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "platform: cpu" in quiet.stdout
+    assert "ERROR" not in quiet.stderr, quiet.stderr

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from xla_gpu_ops import ops
+from xla_gpu_ops._platform import prefer_cpu_without_gpu
 
 
 def _hlo_command(args: argparse.Namespace) -> int:
@@ -54,6 +55,7 @@ def _hlo_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prefer_cpu_without_gpu()
     parser = argparse.ArgumentParser(prog="python -m xla_gpu_ops")
     commands = parser.add_subparsers(dest="command", required=True)
     hlo_parser = commands.add_parser(

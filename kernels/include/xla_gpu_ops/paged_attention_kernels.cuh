@@ -220,10 +220,6 @@ __device__ __forceinline__ void SetSequenceTile(const PagedAttentionParams& p, i
   w.rows = (tok_end - tok0) * p.heads_per_block;
 }
 
-#ifndef XGO_FAST_FIND
-#define XGO_FAST_FIND 1
-#endif
-
 // The largest i in [0, n) with query_start_loc[i] / bq + i <= x (-1 if none), by binary search:
 // log2(S) dependent loads.
 __device__ __forceinline__ int BisectSequenceOfTile(const PagedAttentionParams& p, int x, int n,
@@ -286,8 +282,8 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   // Last q tiles first: in a causal prefill they see the most keys, so the long blocks start early.
   const int x = gridDim.x - 1 - blockIdx.x;
   const int bq = p.tokens_per_tile;
-  const int found = kSelfCheck && XGO_FAST_FIND ? FindSequenceOfTile(p, x, n, bq)
-                                                : BisectSequenceOfTile(p, x, n, bq);
+  const int found =
+      kSelfCheck ? FindSequenceOfTile(p, x, n, bq) : BisectSequenceOfTile(p, x, n, bq);
   if (found < 0) return false;
   const int start = p.query_start_loc[found];
   const int end = p.query_start_loc[found + 1];
@@ -528,42 +524,26 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 // kRowWarps x kKeyWarps = 4 warps. Warp (wm, wn) owns query rows [16 wm, 16 wm + 16) and keys
 // [wn * kBlockN / kKeyWarps, ...) of every tile; with kKeyWarps > 1 (decode) the warps' partial
 // softmax states are merged through shared memory at the end.
-// Decode: 3 stages (2 tiles in flight while one is computed on). D=128 then fits 2 blocks/SM
+// Decode tiles: 3 stages (2 tiles in flight while one is computed on). D=128 then fits 2 blocks/SM
 // (100 KB), and the split model picks 1 split on the anchor: one wave and no merge. Measured
-// against 2 stages at 3 blocks/SM (d10): anchor -1.8 us, B=32 1k -4.8 us, B=32 16k +4 us (H200).
-#ifndef XGO_DECODE_STAGES
-#define XGO_DECODE_STAGES 3
-#endif
-#ifndef XGO_PREFILL_STAGES
-#define XGO_PREFILL_STAGES 2
-#endif
-#ifndef XGO_DECODE_Q_OWN_SMEM
-#define XGO_DECODE_Q_OWN_SMEM 1
-#endif
-#ifndef XGO_DECODE_D64_MIN_BLOCKS
-#define XGO_DECODE_D64_MIN_BLOCKS 3
-#endif
-#ifndef XGO_DECODE_SWIZZLE
-#define XGO_DECODE_SWIZZLE 1
-#endif
-// D=256 keeps padded rows: at 1 block/SM it is latency-bound, not L2-bound, and the swizzle's
-// extra address arithmetic cost more than the duplicated L2 reads (352 -> 339 us padded, d12).
-#ifndef XGO_DECODE_SWIZZLE_D256
-#define XGO_DECODE_SWIZZLE_D256 0
-#endif
-#ifndef XGO_PREFILL_MIN_BLOCKS
-#define XGO_PREFILL_MIN_BLOCKS 1
-#endif
+// against 2 stages at 3 blocks/SM: anchor -1.8 us, B=32 1k -4.8 us, B=32 16k +4 us (H200).
+constexpr int kDecodeStages = 3;
+// 64-row tiles (prefill-like batches at D=256 off Hopper): 2 stages. 3 or 4 left fewer blocks per
+// SM and measured slower (H200).
+constexpr int kRowTileStages = 2;
 
 template <int kD, int kRowWarps,
-          int kStagesOfTile = kRowWarps == 1 ? XGO_DECODE_STAGES : XGO_PREFILL_STAGES>
+          int kStagesOfTile = kRowWarps == 1 ? kDecodeStages : kRowTileStages>
 struct MmaConfig {
   static constexpr int kKeyWarps = 4 / kRowWarps;
   static constexpr int kBlockN = 64;
   // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
   static constexpr int kStages = kStagesOfTile;
-  static constexpr int kLds =
-      XGO_DECODE_SWIZZLE && (kD <= 128 || XGO_DECODE_SWIZZLE_D256) ? kD : kD + 8;  // TileOffset
+  // Row stride (TileOffset): D <= 128 unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made
+  // cp.async ask L2 twice for half of the sectors). D=256 keeps padded rows: at 1 block/SM it is
+  // latency-bound, not L2-bound, and the swizzle's address arithmetic cost more than the
+  // duplicated L2 reads (352 -> 339 us padded, H200).
+  static constexpr int kLds = kD <= 128 ? kD : kD + 8;
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
   // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts. Prefill
@@ -571,18 +551,15 @@ struct MmaConfig {
   // shared memory. Decode tiles: 16 rows cost 4 KB; with their own space the second K/V tile is
   // issued at once instead of after Q arrives (one memory round trip less per block start).
   static constexpr bool kQInRegisters = kD <= 128;
-  static constexpr bool kQBorrowsK = kQInRegisters && !(kRowWarps == 1 && XGO_DECODE_Q_OWN_SMEM);
+  static constexpr bool kQBorrowsK = kQInRegisters && kRowWarps != 1;
   static constexpr int kQSmemRows = kQBorrowsK ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
-  // Decode tiles: registers capped for 3 blocks (12 warps) per SM, which 2 stages allowed. At 3
-  // stages shared memory admits 2 blocks of D=128; uncapping measured the same (d12), so the
-  // measured cap stays. Prefill tiles: the same cap spilled 200 bytes and measured 955 us vs
-  // 887 us uncapped (H200, docs/KERNELS.md), so no cap by default.
-  static constexpr int kMinBlocks = kD > 128          ? 1
-                                    : kRowWarps == 4   ? XGO_PREFILL_MIN_BLOCKS
-                                    : kD <= 64         ? XGO_DECODE_D64_MIN_BLOCKS
-                                                       : 3;
+  // Decode tiles (D <= 128): registers capped for 3 blocks (12 warps) per SM, which 2 stages
+  // allowed. At 3 stages shared memory admits 2 blocks of D=128; uncapping measured the same, so
+  // the measured cap stays; D=64 capped for 5 blocks spilled and was slower. Row tiles: the same
+  // cap spilled 200 bytes and measured 955 us vs 887 us uncapped (H200), so no cap.
+  static constexpr int kMinBlocks = kD > 128 || kRowWarps == 4 ? 1 : 3;
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
                 "epilogue buffer must fit in the K/V buffers");

@@ -6,7 +6,7 @@
 //   Q reloads, against 1 : 2 in the 64-row kernel, which ncu showed latency-bound at 0.40
 //   eligible warps per scheduler).
 // K/V tiles of 32 keys: 64-key tiles need 32 more score registers per thread and spilled (84 B) at the
-// 255-register limit of 2 blocks/SM; measured 604 vs 553 us (H200, docs/KERNELS.md v4b/v4c).
+// 255-register limit of 2 blocks/SM; measured 604 vs 553 us (H200, docs/perf-log.md).
 // Q stays in shared memory (reloaded per k-step: 32 rows x D in registers would not fit beside the
 // 32 x D f32 accumulators); P stays in registers (S accumulators -> A fragments); exp2 on
 // log2-domain logits; only tiles a warp's rows partly see are masked element by element, tiles
@@ -40,26 +40,18 @@ int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionPar
 enum class PrefillKernel { kMmaSync, kSm90 };
 int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel);
 
-#ifndef XGO_PREFILL128_STAGES
-#define XGO_PREFILL128_STAGES 2
-#endif
-#ifndef XGO_PREFILL128_SWIZZLE
-#define XGO_PREFILL128_SWIZZLE 0  // swizzled: 40 B spilled, prefill 10-12 % slower (H200)
-#endif
-#ifndef XGO_PREFILL128_BLOCK_N
-#define XGO_PREFILL128_BLOCK_N 32
-#endif
-
 template <int kD>
 struct PrefillConfig {
   static constexpr int kWarps = 4;
   static constexpr int kRowsPerWarp = 32;  // two m16 tiles
   static constexpr int kBlockRows = kWarps * kRowsPerWarp;
-  static constexpr int kBlockN = XGO_PREFILL128_BLOCK_N;
+  static constexpr int kBlockN = 32;  // 64-key tiles spilled (see the top of this file)
   // Blocks of <= 16 rows split each tile's keys over this many warps (16 keys or more each).
   static constexpr int kDecodeKeyWarps = kBlockN / 16 < 4 ? kBlockN / 16 : 4;
-  static constexpr int kStages = XGO_PREFILL128_STAGES;
-  static constexpr int kLds = XGO_PREFILL128_SWIZZLE ? kD : kD + 8;  // see TileOffset
+  static constexpr int kStages = 2;
+  // Padded rows (TileOffset): the decode tiles' XOR swizzle spilled 40 bytes here and measured
+  // 10-12 % slower (H200).
+  static constexpr int kLds = kD + 8;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages
   static_assert(kThreads == kWarps * 32, "4 warps");
@@ -81,13 +73,11 @@ struct PrefillGrid {
 };
 
 // Short-region decode blocks (MmaTileBlock, 64-key tiles) run in the prefill launch's shared
-// memory, max(prefill, short): in the default build 2 K/V stages fit in the prefill block's (3
-// stages, 100 KB, measured the same on the mixed batch: 391 vs 393 us, H200).
-#ifndef XGO_SHORT_STAGES
-#define XGO_SHORT_STAGES 2
-#endif
+// memory, max(prefill, short): 2 K/V stages fit in the prefill block's (3 stages, 100 KB,
+// measured the same on the mixed batch: 391 vs 393 us, H200).
+constexpr int kShortStages = 2;
 template <int kD>
-using ShortConfig = MmaConfig<kD, 1, XGO_SHORT_STAGES>;
+using ShortConfig = MmaConfig<kD, 1, kShortStages>;
 
 // This block's region and its index in it: short and prefill blocks alternate while both last,
 // so the memory-bound and the tensor-bound kind share the GPU instead of following each other
@@ -532,8 +522,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     PoisonRows<T>(p, w);
     return;
   }
-  MmaTileBlock<T, kD, 1, XGO_SHORT_STAGES, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(p, w,
-                                                                                     smem_raw);
+  MmaTileBlock<T, kD, 1, kShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(p, w, smem_raw);
 }
 
 }  // namespace xgo

@@ -25,6 +25,14 @@
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {
+
+// Keys per short-region KV split (paged_attention_params.cuh). A tuning build for a short-split
+// sweep lowers it, e.g. -DXGO_SPLITS_FROM_ENV -DXGO_SHORT_SPLIT_KEYS=256.
+#ifndef XGO_SHORT_SPLIT_KEYS
+#define XGO_SHORT_SPLIT_KEYS 8192
+#endif
+int64_t ShortSplitKeys() { return XGO_SHORT_SPLIT_KEYS; }
+
 namespace {
 
 constexpr int64_t kMaxPrepBlocks = 1024;

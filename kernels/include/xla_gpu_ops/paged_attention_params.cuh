@@ -31,14 +31,13 @@ constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 constexpr int kMaxSplits = 128;
 // Short sequences of a prefill-like batch (the decodes of a mixed batch): KV splits of about
-// kShortSplitKeys keys of the static capacity each, at most kShortTargetBlocks blocks. On the
-// benchmark's mixed batch (capacity 8k) 1 split measured best: 391 us against 411 / 419 / 436 us
-// with 2 / 4 / 8 (H200): the prefill blocks beside them already fill the GPU, and each split
-// costs a block start-up and the merge. Tuning builds lower the keys to size room for a sweep.
-#ifndef XGO_SHORT_SPLIT_KEYS
-#define XGO_SHORT_SPLIT_KEYS 8192
-#endif
-constexpr int64_t kShortSplitKeys = XGO_SHORT_SPLIT_KEYS;
+// ShortSplitKeys() keys of the static capacity each (8192), at most kShortTargetBlocks blocks. On
+// the benchmark's mixed batch (capacity 8k) 1 split measured best: 391 us against 411 / 419 /
+// 436 us with 2 / 4 / 8 (H200): the prefill blocks beside them already fill the GPU, and each
+// split costs a block start-up and the merge. Defined in paged_attention_launch.cu, where a
+// tuning build lowers it (XGO_SHORT_SPLIT_KEYS) to size room for a sweep: build switches reach
+// the CUDA sources only, and Describe (host compiler) must size the workspace the launcher uses.
+int64_t ShortSplitKeys();
 constexpr int kShortTargetBlocks = 4096;
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
@@ -133,7 +132,8 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
     if (short_splits > by_length) short_splits = by_length;
-    const int64_t by_short_keys = (capacity + kShortSplitKeys - 1) / kShortSplitKeys;
+    const int64_t split_keys = ShortSplitKeys();
+    const int64_t by_short_keys = (capacity + split_keys - 1) / split_keys;
     if (short_splits > by_short_keys) short_splits = by_short_keys;
     if (short_splits > kMaxSplits) short_splits = kMaxSplits;
     if (short_splits < 1) short_splits = 1;

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "xla_gpu_ops/cuda_check.cuh"
+#include "xla_gpu_ops/device_utils.cuh"
 #include "xla_gpu_ops/dtypes.cuh"
 #include "xla_gpu_ops/kv_cache_update.h"
 #include "xla_gpu_ops/status.h"
@@ -19,29 +20,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_fp8_e4m3 FromFloat<__nv_fp8_e4m3>(float x) {
-  return __nv_fp8_e4m3(x);  // round to nearest even, saturating to +-448 (__NV_SATFINITE)
-}
 
 // One block per token (grid-stride), threads over the row's elements.
 template <typename In, typename Out, typename Slot>

@@ -219,8 +219,11 @@ int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, Prefil
   *kernel = PrefillKernel::kMmaSync;
   if (!plan.tensor_cores || plan.row_warps != 4) return XGO_OK;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return XGO_OK;
-  if (ForcedPrefillKernel() == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
-  if (!XGO_SM90_WITH_SHORT_REGION && plan.short_splits > 0) return XGO_OK;
+  const int forced = ForcedPrefillKernel();
+  if (forced == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
+  // Mixed batches stay on mma.sync unless the sm_90a kernel is forced (A/B probes, tests).
+  const bool forced_sm90 = forced == static_cast<int>(PrefillKernel::kSm90);
+  if (!XGO_SM90_WITH_SHORT_REGION && !forced_sm90 && plan.short_splits > 0) return XGO_OK;
   bool available = false;
   if (const int32_t status = Sm90PrefillAvailable(&available); status != XGO_OK) return status;
   if (available) *kernel = PrefillKernel::kSm90;

@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 namespace xgo {
@@ -30,6 +31,10 @@ __device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2ha
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 FromFloat<__nv_fp8_e4m3>(float x) {
+  return __nv_fp8_e4m3(x);  // round to nearest even, saturating to +-448 (__NV_SATFINITE)
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {

@@ -32,7 +32,7 @@ from pathlib import Path
 PIN = "flashinfer-python==0.6.13"
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
 MAX_PART_BYTES = 15 << 20  # files handed back from a GPU host stay below 16 MB each
-MODULE_FILE = re.compile(r"^([A-Za-z0-9_.-]+)/\1\.so$")
+MODULE_FILE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)/\1\.so$")  # no "..": stays in its dir
 
 
 def unavailable() -> str | None:
@@ -299,7 +299,10 @@ def import_cache(src: Path) -> str:
             return f"skipped: the cache was built for {manifest.get('cuda_arch')}, this GPU is {_cuda_arch()}"
         members = [m for m in tar.getmembers() if m.isfile() and MODULE_FILE.match(m.name)]
         aot_dir.mkdir(parents=True, exist_ok=True)
-        tar.extractall(aot_dir, members=members, filter="data")
+        # Python >= 3.11.4 filters members itself; older ones (Debian 12's 3.11.2) get only the
+        # plain files whose names MODULE_FILE accepts.
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(aot_dir, members=members, **safe)
     return f"{len(members)} modules into {aot_dir}"
 
 

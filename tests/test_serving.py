@@ -395,3 +395,84 @@ def test_torch_compile_keeps_the_in_place_write():
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------- edge cases
+def test_cpu_cache_write_needs_a_contiguous_cache():
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    strided = cache.transpose(0, 1)
+    with pytest.raises(ValueError, match="kv_cache: must be contiguous"):
+        xla_gpu_ops.kv_cache_update(new_kv, slots, strided)
+
+
+def test_validate_with_a_non_tensor_operand_names_it():
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    with pytest.raises(TypeError, match=r"slot_mapping: expected a torch\.Tensor, got list"):
+        xla_gpu_ops.kv_cache_update(new_kv, slots.tolist(), cache, validate=True)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "match"),
+    [({"k_scale": 1e39}, "k_scale: must be finite"), ({"v_scale": float("inf")}, "v_scale")],
+)
+def test_scales_must_be_finite_float32(attrs, match):
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    with pytest.raises(ValueError, match=match):
+        xla_gpu_ops.kv_cache_update(new_kv, slots, cache, **attrs)
+
+
+def test_integer_attributes_must_fit_int64():
+    inputs = make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed())
+    with pytest.raises(ValueError, match="sliding_window: must fit in int64"):
+        xla_gpu_ops.paged_attention(**inputs, scale=0.1, sliding_window=2**64 + 5)
+
+
+def test_scale_times_k_scale_must_stay_finite_in_float32():
+    inputs = make_paged_inputs(MIXED, 4, 2, 64, 16, torch.float32, seed=fresh_seed())
+    with pytest.raises(ValueError, match=r"k_scale: scale \* k_scale"):
+        xla_gpu_ops.paged_attention(**inputs, scale=1e30, k_scale=1e30)
+
+
+@needs_jax
+def test_jax_host_cache_write_with_int64_slots_without_x64():
+    from xla_gpu_ops import jax as xgo_jax
+
+    seed = fresh_seed()
+    new_kv, slots, cache = cache_case(seed, torch.float32, slot_dtype=torch.int64)
+    expected = loop_oracle(new_kv, slots, cache)
+    written = xgo_jax.kv_cache_update(new_kv.numpy(), slots.numpy(), cache.numpy())
+    assert np.array_equal(np.asarray(written), expected.numpy()), f"seed {seed}"
+
+
+@pytest.mark.torchax
+@pytest.mark.skipif(importlib.util.find_spec("torchax") is None, reason="needs torchax")
+def test_torchax_cache_write_through_a_view():
+    import torchax
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    pages = cache.shape[0]
+    two_caches = torch.cat([cache, torch.zeros_like(cache)])  # the cache is the first half
+    expected = loop_oracle(new_kv, slots, cache, None, 0.5)
+    env = torchax.default_env()
+    with env:
+        both = two_caches.to("jax")
+        torch.ops.xla_gpu.kv_cache_update(new_kv.to("jax"), slots.to("jax"), both[:pages],
+                                          None, 0.5)  # fmt: skip
+        written = torch.from_numpy(np.array(both.jax()))
+    assert torch.equal(written[:pages], expected)
+    assert torch.equal(written[pages:], torch.zeros_like(cache))
+
+
+@needs_torch_xla
+@pytest.mark.torch_xla
+def test_torch_xla_composite_cache_write_of_an_empty_batch():
+    import torch_xla
+
+    device = torch_xla.device()
+    new_kv, slots, cache = cache_case(fresh_seed(), torch.float32)
+    on_device = cache.to(device)
+    torch.ops.xla_gpu.kv_cache_update(new_kv[:0].to(device), slots[:0].to(device), on_device)
+    assert torch.equal(on_device.cpu(), cache)

@@ -15,9 +15,10 @@ import ctypes
 import functools
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from xla_gpu_ops import ops
 
@@ -97,7 +98,6 @@ class ResultSpec:
 class LibraryOp:
     """One op's entries in the loaded library."""
 
-    op: ops.Op
     info: XgoOpInfo
     operand_names: tuple[str, ...]
     result_names: tuple[str, ...]
@@ -124,6 +124,7 @@ class Library:
     cdll: ctypes.CDLL
     ops: dict[str, LibraryOp]
     dtype_codes: dict[str, int]  # "bfloat16" -> code, from the library's own list
+    dtype_names: dict[int, str]  # the inverse
 
     def op(self, op: ops.Op | str) -> LibraryOp:
         return self.ops[ops.get(op).name]
@@ -193,7 +194,6 @@ def load() -> Library:
         info = table[i].contents
         name = info.name.decode()
         entry = LibraryOp(
-            op=ops.get(name) if name in ops.BY_NAME else None,
             info=info,
             operand_names=_names(info.operand_names, info.num_operands),
             result_names=_names(info.result_names, info.num_results),
@@ -202,7 +202,9 @@ def load() -> Library:
         )
         found_ops[name] = entry
     _check_table(path, found_ops)
-    return Library(path=path, cdll=cdll, ops=found_ops, dtype_codes=dtype_codes)
+    dtype_names = {code: name for name, code in dtype_codes.items()}
+    return Library(path=path, cdll=cdll, ops=found_ops, dtype_codes=dtype_codes,
+                   dtype_names=dtype_names)  # fmt: skip
 
 
 def _check_table(path: Path, found: dict[str, LibraryOp]) -> None:
@@ -252,21 +254,28 @@ def make_call(
     return call
 
 
-_CODE_NAMES: dict[int, str] = {}
-
-
 def describe(op: ops.Op, call: XgoCall) -> list[ResultSpec]:
     """The library's static checks of `call` (raising TypeError / ValueError naming the argument)
     and its result shapes."""
     lib = load()
     results = XgoResults()
     lib.raise_for_status(lib.op(op).info.describe(ctypes.byref(call), ctypes.byref(results)))
-    if not _CODE_NAMES:
-        _CODE_NAMES.update({code: name for name, code in lib.dtype_codes.items()})
     return [
-        ResultSpec(tuple(r.dims[d] for d in range(r.rank)), _CODE_NAMES[r.dtype])
+        ResultSpec(tuple(r.dims[d] for d in range(r.rank)), lib.dtype_names[r.dtype])
         for r in results.results[: results.num_results]
     ]
+
+
+def describe_call(
+    op: ops.Op,
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[str],
+    attrs: Mapping[str, Any],
+) -> tuple[XgoCall, list[ResultSpec]]:
+    """What every front end does first: encode the attributes (TypeError / ValueError naming
+    them), describe the call, and let the library check it and size its results."""
+    call = make_call(op, shapes, dtypes, op.encode_attrs(attrs))
+    return call, describe(op, call)
 
 
 def check_host_values(op: ops.Op, call: XgoCall, host_pointers: Sequence[int | None]) -> None:

@@ -67,13 +67,18 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     (`jax.jit(..., donate_argnums=...)`) and XLA updates it without a copy."""
     if abi not in ABIS:
         raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
-    encoded = op.encode_attrs(attrs)
-    xgo_call = _library.make_call(
-        op, [np.shape(x) for x in operands], [_dtype_name(x) for x in operands], encoded
+    shapes = [np.shape(x) for x in operands]
+    # Checked with the caller's dtypes first: jnp.asarray would silently turn int64 into int32
+    # (without x64) and hide a caller's mistake where an operand must be int32.
+    xgo_call, results = _library.describe_call(
+        op, shapes, [_dtype_name(x) for x in operands], attrs
     )
-    results = _library.describe(op, xgo_call)
     register()
     arrays = [jnp.asarray(x) for x in operands]
+    converted = [_dtype_name(a) for a in arrays]
+    if converted != [_dtype_name(x) for x in operands]:  # e.g. int64 slots that may be int32
+        xgo_call, results = _library.describe_call(op, shapes, converted, attrs)
+    encoded = op.encode_attrs(attrs)
     # Scratch space of the CUDA kernels is an extra output: the handlers never allocate.
     result_types = [jax.ShapeDtypeStruct(r.shape, jnp.dtype(r.dtype)) for r in results]
     aliases = {operand: result for result, operand in op.aliases.items()}

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 NAMESPACE = "xla_gpu"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 REQUIRED = inspect.Parameter.empty
 
 
@@ -65,10 +66,12 @@ class Attr:
             if not isinstance(value, numbers.Integral):
                 raise TypeError(f"{op}: {self.name}: must be an int, got {value!r}")
             value = int(value)
+            if not -(2**63) <= value < 2**63:
+                raise ValueError(f"{op}: {self.name}: must fit in int64, got {value!r}")
         else:
             value = float(value)
-            if not math.isfinite(value):
-                raise ValueError(f"{op}: {self.name}: must be finite, got {value!r}")
+            if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+                raise ValueError(f"{op}: {self.name}: must be finite (a float32), got {value!r}")
         if self.positive and value <= 0:
             none = " or None" if self.none is not None else ""
             raise ValueError(f"{op}: {self.name}: must be > 0{none}, got {value!r}")
@@ -138,12 +141,7 @@ class Op:
         return f"{self.name}_functional"
 
     def functional_schema(self) -> str:
-        params = [f"Tensor {o.name}" for o in self.operands]
-        for a in self.attrs:
-            default = "" if a.default is REQUIRED else f"={a.default!r}"
-            params.append(f"{a.schema_type} {a.name}{default}")
-        returns = "Tensor" if self.returned == 1 else f"({', '.join(['Tensor'] * self.returned)})"
-        return f"({', '.join(params)}) -> {returns}"
+        return self._schema(mutable=False, returns=self.returned)
 
     @property
     def torch_returns(self) -> tuple[int, ...]:
@@ -152,15 +150,16 @@ class Op:
 
     def schema(self) -> str:
         """The torch.library schema, e.g. "(Tensor query, ..., float scale, int? w=None) -> Tensor"."""
-        params = [
-            f"Tensor{'(a!)' if o.name in self.mutated else ''} {o.name}" for o in self.operands
-        ]
+        return self._schema(mutable=True, returns=len(self.torch_returns))
+
+    def _schema(self, mutable: bool, returns: int) -> str:
+        written = self.mutated if mutable else ()
+        params = [f"Tensor{'(a!)' if o.name in written else ''} {o.name}" for o in self.operands]
         for a in self.attrs:
             default = "" if a.default is REQUIRED else f"={a.default!r}"
             params.append(f"{a.schema_type} {a.name}{default}")
-        n = len(self.torch_returns)
-        returns = "Tensor" if n == 1 else f"({', '.join(['Tensor'] * n)})"
-        return f"({', '.join(params)}) -> {returns}"
+        result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
+        return f"({', '.join(params)}) -> {result}"
 
     # ------------------------------------------------------------------ calls
     @functools.cached_property
@@ -171,6 +170,10 @@ class Op:
     def _required_attrs(self) -> frozenset[str]:
         return frozenset(a.name for a in self.attrs if a.default is REQUIRED)
 
+    @functools.cached_property
+    def _attr_name_set(self) -> frozenset[str]:
+        return frozenset(self.attr_names)
+
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:
         """(operands in table order, {attribute: value}) from a call's arguments, as Python
         binds them; TypeError naming a missing, unknown or repeated argument."""
@@ -179,7 +182,7 @@ class Op:
         if (
             len(args) == len(self.operands)
             and self._required_attrs <= kwargs.keys()
-            and kwargs.keys() <= self._attr_defaults.keys() | self._required_attrs
+            and kwargs.keys() <= self._attr_name_set
         ):
             return list(args), {**self._attr_defaults, **kwargs}
         names = self.operand_names + self.attr_names

@@ -48,14 +48,12 @@ class _Plan:
     __slots__ = ("call", "call_address", "results")
 
     def __init__(self, op: ops.Op, tensors: list[torch.Tensor], attrs: tuple):
-        encoded = op.encode_attrs(op.split_schema_args([*tensors, *attrs])[1])
-        self.call = _library.make_call(
-            op, [t.shape for t in tensors], [dtype_name(t.dtype) for t in tensors], encoded
-        )
+        self.call, results = _library.describe_call(
+            op, [t.shape for t in tensors], [dtype_name(t.dtype) for t in tensors],
+            op.split_schema_args([*tensors, *attrs])[1],
+        )  # fmt: skip
         self.call_address = ctypes.addressof(self.call)
-        self.results = [
-            (spec.shape, TORCH_DTYPES[spec.dtype]) for spec in _library.describe(op, self.call)
-        ]
+        self.results = [(spec.shape, TORCH_DTYPES[spec.dtype]) for spec in results]
 
 
 def make_kernel(op: ops.Op, functional: bool = False):
@@ -88,8 +86,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
         key = (attrs, *[t.shape for t in tensors], *[t.dtype for t in tensors])
         plan = plans.get(key)
         if plan is None:
+            launch = _library.load().op(op).launch  # before the plan is visible to other threads
             plan = plans[key] = _Plan(op, tensors, attrs)
-            launch = _library.load().op(op).launch
         for i, t in enumerate(tensors):
             if not t.is_contiguous() or t.data_ptr() % 16:
                 if i in aliases.values():

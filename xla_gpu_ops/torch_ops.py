@@ -32,11 +32,10 @@ def _static_checks(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, An
     """The library's static checks (TypeError / ValueError naming the argument) and its XgoCall;
     None when a shape is symbolic (torch.compile with dynamic shapes: checked at run time)."""
     shapes = [tuple(t.shape) for t in operands]
-    encoded = op.encode_attrs(attrs)
     if not all(isinstance(d, int) for shape in shapes for d in shape):
+        op.encode_attrs(attrs)
         return None
-    call = _library.make_call(op, shapes, [dtype_name(t.dtype) for t in operands], encoded)
-    _library.describe(op, call)
+    call, _ = _library.describe_call(op, shapes, [dtype_name(t.dtype) for t in operands], attrs)
     return call
 
 
@@ -67,6 +66,11 @@ def _define(op: ops.Op) -> None:
 
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
+        for i in op.aliases.values():
+            if not operands[i].is_contiguous():
+                raise ValueError(
+                    f"{op.name}: {op.operands[i].name}: must be contiguous (it is updated in place)"
+                )
         _check_host_values(op, operands, attrs)  # host tensors: no sync involved
         return getattr(reference, op.name)(*operands, **attrs)  # in place for mutating ops
 
@@ -170,21 +174,23 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
             if (
                 (VALIDATE_DEFAULT if validate is None else validate)
                 and not torch.compiler.is_compiling()
-                and isinstance(operands[0], torch.Tensor)
+                and all(isinstance(t, torch.Tensor) for t in operands)
                 and operands[0].device.type in ("cpu", "cuda")
             ):
                 check_values(op, operands, attrs)
             try:
                 return overload(*operands, *[attrs[name] for name in op.attr_names])
             except RuntimeError:
-                # The dispatcher's schema check: "Expected a value of type 'Tensor' for argument
-                # 'query' ...". The same as a TypeError naming the argument, without the dump.
+                # The dispatcher's schema check ("Expected a value of type 'Tensor' for argument
+                # 'query' ..."): the same as a TypeError / ValueError naming the argument, without
+                # the dump. Only on this error path, so a good call pays nothing for it.
                 for i, value in enumerate(operands):
                     if not isinstance(value, torch.Tensor):
                         raise TypeError(
                             f"{op.name}: {op.operands[i].name}: expected a torch.Tensor, "
                             f"got {type(value).__name__}"
                         ) from None
+                op.encode_attrs(attrs)  # raises, naming the attribute, if one is out of range
                 raise
 
         return forward

@@ -23,7 +23,7 @@ import os
 import numpy as np
 import torch
 
-from xla_gpu_ops import _library, ops
+from xla_gpu_ops import _library, ops, reference
 from xla_gpu_ops.torch_cuda import TORCH_DTYPES, dtype_name
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
@@ -188,15 +188,15 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
                 f"{op.name}: {operand.name}: on device {operands[i].device}, "
                 f"{op.operands[0].name} is on {device}"
             )
-    encoded = op.encode_attrs(attrs)
-    call = _library.make_call(
-        op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], encoded
+    call, results = _library.describe_call(
+        op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], attrs
     )
-    results = _library.describe(op, call)
     if _impl_for(op, device) == "composite":
         return composite_results(op, operands, attrs)
     _prepare_runtime(device)
     abi = custom_call_abi()
+    encoded = tuple(call.attrs[a].f64 if attr.kind is float else call.attrs[a].i64
+                    for a, attr in enumerate(op.attrs))  # fmt: skip
     backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
     if op.attrs:
         key = backend_config.encode() if abi == "ffi" else backend_config
@@ -248,9 +248,6 @@ def simple_add_composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a + b
 
 
-FP8_MAX = 448.0
-
-
 def kv_cache_update_composite(
     new_kv: torch.Tensor,
     slot_mapping: torch.Tensor,
@@ -279,11 +276,13 @@ def kv_cache_update_composite(
             f"kv_cache_update: kv_cache: float8_e4m3fn needs torch_xla >= 2.9 on XLA devices "
             f"(torch_xla {major}.{minor} rounds float32 -> float8 differently)"
         )
+    if slot_mapping.shape[0] == 0:  # an empty batch (a static shape): nothing to write
+        return kv_cache.clone()
     head = torch.arange(new_kv.shape[1], device=new_kv.device)
     scales = torch.where(head % 2 == 0, k_scale or 1.0, v_scale or 1.0).to(torch.float32)
     scaled = new_kv.float() / scales[None, :, None]
     if kv_cache.dtype == torch.float8_e4m3fn:
-        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
+        scaled = scaled.clamp(-reference.FP8_MAX, reference.FP8_MAX)
     slots = slot_mapping.long()
     valid = (slots >= 0) & (slots < capacity)
     any_valid = valid.any()

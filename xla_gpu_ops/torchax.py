@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torchax
-import torchax.tensor
 import torchax.view
 from torchax.ops import ops_registry
 
@@ -49,7 +48,7 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         for result, operand in op.aliases.items():
             target = tensors[operand]
             if isinstance(target, torchax.view.View):
-                target.update(torchax.tensor.Tensor(outs[result], target.torch().env))
+                target.update(outs[result])  # writes through to the viewed tensor
             else:
                 target._elem = outs[result]
 
@@ -99,9 +98,9 @@ def register(*envs: Any) -> None:
 
 
 def _existing_default_env() -> Any:
-    """torchax's default environment if it was already created, else None (creating it here
-    would start jax early). torchax 0.0.13 from PyPI keeps it in `_env`, older builds in `env`;
-    if neither exists, create it, so the lowerings are never silently missing from it."""
+    """torchax's default environment: the existing one (torchax 0.0.13 from PyPI keeps it in
+    `_env`, older builds in `env`; None there until first used), or, where neither attribute
+    exists, a newly created one, so the lowerings are never silently missing from it."""
     for name in ("_env", "env"):
         if hasattr(torchax, name):
             return getattr(torchax, name)

@@ -62,13 +62,21 @@ int32_t KvCacheUpdate::Describe(const OpCall<KvCacheUpdate>& call, Config* confi
                   static_cast<double>(value));
     }
   }
-  Config& c = *config;
-  c = Config{new_kv.dtype, cache.dtype, slots.dtype, new_kv.dims[0], cache.dims[2], cache.dims[3],
-             cache.dims[0], cache.dims[1], call.attrs.k_scale, call.attrs.v_scale};
-  if (c.num_slots() > INT64_MAX / c.row_elems()) {
+  if (new_kv.dims[0] < 0) {
+    return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: new_kv: shape %s has a negative dimension",
+                new_kv.Text().c_str());
+  }
+  // The kernel indexes a row with int and the whole cache with int64: both must fit.
+  int64_t row_elems = 0, num_slots = 0, cache_elems = 0;
+  if (__builtin_mul_overflow(cache.dims[2], cache.dims[3], &row_elems) || row_elems > INT32_MAX ||
+      __builtin_mul_overflow(cache.dims[0], cache.dims[1], &num_slots) ||
+      __builtin_mul_overflow(num_slots, row_elems, &cache_elems)) {
     return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: kv_cache: shape %s is too large",
                 cache.Text().c_str());
   }
+  Config& c = *config;
+  c = Config{new_kv.dtype, cache.dtype, slots.dtype, new_kv.dims[0], cache.dims[2], cache.dims[3],
+             cache.dims[0], cache.dims[1], call.attrs.k_scale, call.attrs.v_scale};
   results->results[0] = ToXgoShape(cache);
   return XGO_OK;
 }

@@ -60,10 +60,6 @@ int32_t KvCacheUpdate::Launch(const Config& c, void* const* buffers, cudaStream_
                   i < kResult ? kOperandNames[i] : kResultNames[0]);
     }
   }
-  if (c.row_elems() > INT32_MAX) {
-    return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: kv_cache: rows of %lld elements are too long",
-                static_cast<long long>(c.row_elems()));
-  }
   if (buffers[kResult] != buffers[kKvCache]) {  // not aliased: the result starts as the cache
     const size_t bytes = static_cast<size_t>(c.num_slots() * c.row_elems()) * DtypeSize(c.cache_dtype);
     XGO_CUDA_CHECK(cudaMemcpyAsync(buffers[kResult], buffers[kKvCache], bytes,

@@ -23,15 +23,9 @@ int32_t Invalid(const char* argument, const char* what, long long value) {
   return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: %s, got %lld", argument, what, value);
 }
 
-// Limits of this kernel beyond the op's semantics: 32-bit indexing of tokens, heads and pages,
-// and grid sizes.
+// Limits of the plan's grids (the 32-bit limits of tokens, sequences and heads are checked before
+// the plan is made, in Describe).
 int32_t CheckKernelLimits(const PagedAttentionConfig& c, const PagedAttentionPlan& plan) {
-  if (c.num_tokens > INT32_MAX / 2) {
-    return Invalid("query", "num_tokens is too large", c.num_tokens);
-  }
-  if (c.max_num_seqs > INT32_MAX / 2) {
-    return Invalid("context_lens", "too many sequence slots", c.max_num_seqs);
-  }
   if (plan.num_head_blocks > 65535) {
     return Invalid("query", "num_q_heads is too large", c.num_q_heads);
   }
@@ -44,9 +38,6 @@ int32_t CheckKernelLimits(const PagedAttentionConfig& c, const PagedAttentionPla
     const int64_t blocks =
         (prefill_tiles + c.max_num_seqs * plan.short_splits) * plan.num_head_blocks;
     if (blocks > INT32_MAX) return Invalid("query", "too many blocks", blocks);
-  }
-  if (c.num_q_heads * c.head_dim > INT32_MAX) {
-    return Invalid("query", "num_q_heads * head_dim is too large", c.num_q_heads * c.head_dim);
   }
   return XGO_OK;
 }
@@ -156,6 +147,19 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be finite and > 0, got %g", name,
                   static_cast<double>(value));
     }
+  }
+  if (!std::isfinite(c.scale * c.k_scale)) {  // the CUDA kernels take the product as one float
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: k_scale: scale * k_scale = %g * %g overflows float32",
+                static_cast<double>(c.scale), static_cast<double>(c.k_scale));
+  }
+  // The plan multiplies these; keep them in range first.
+  if (c.num_tokens > INT32_MAX / 2) return Invalid("query", "num_tokens is too large", c.num_tokens);
+  if (c.max_num_seqs > INT32_MAX / 2) {
+    return Invalid("context_lens", "too many sequence slots", c.max_num_seqs);
+  }
+  if (c.num_q_heads > INT32_MAX / c.head_dim) {
+    return Invalid("query", "num_q_heads * head_dim is too large", c.num_q_heads * c.head_dim);
   }
   const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
   XGO_RETURN_IF_FAILED(CheckKernelLimits(c, plan));

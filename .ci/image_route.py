@@ -266,6 +266,7 @@ class Route:
         }  # fmt: skip
         if result.returncode != 0:
             self.failures.append(f"container: CI's command exited {result.returncode}")
+            self.record["in container"]["failed lines"] = failed_lines(result.stdout)
 
     def write_compose_override(self) -> None:
         """Host network (the daemon has no bridge), the machine's CA bundle for run-time downloads,
@@ -293,6 +294,7 @@ class Route:
         }  # fmt: skip
         if result.returncode != 0:
             self.failures.append(f"compose: `run --rm tests` exited {result.returncode}")
+            self.record["compose"]["failed lines"] = failed_lines(result.stdout)
 
     def devcontainer_config(self) -> Path:
         """.devcontainer/devcontainer.json with the no-GPU and CI compose overrides added."""
@@ -399,6 +401,11 @@ class Route:
             ):
                 subprocess.run(["umount", mount], check=False, capture_output=True)
         self._sampling = False
+        if self.args.record:  # the steps' logs outlive the scratch directory, next to the record
+            logs = Path(self.args.record).parent / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            for path in self.scratch.glob("*.log"):
+                shutil.copy(path, logs / path.name)
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.scratch.exists():
             self.failures.append(f"could not remove {self.scratch}")
@@ -430,6 +437,17 @@ class Route:
         log(f"total {self.record['total time']}, peak disk {self.record['peak disk (filesystem of /tmp, above the start)']}, "
             f"result {self.record['result']}")  # fmt: skip
         return 1 if self.failures else 0
+
+
+def failed_lines(text: str, tail: int = 30) -> list[str]:
+    """What a failed step's reader needs first: nox's failure lines, pytest's FAILED/ERROR lines,
+    then the last lines of the output."""
+    lines = text.splitlines()
+    marked = [
+        line for line in lines
+        if line.startswith(("FAILED ", "ERROR ")) or (line.startswith("nox > ") and "failed" in line)
+    ]  # fmt: skip
+    return [line[:300] for line in marked[:40] + ["..."] + lines[-tail:]]
 
 
 def main() -> int:

@@ -447,7 +447,7 @@ def failed_lines(text: str, tail: int = 30) -> list[str]:
         line for line in lines
         if line.startswith(("FAILED ", "ERROR ")) or (line.startswith("nox > ") and "failed" in line)
     ]  # fmt: skip
-    return [line[:300] for line in marked[:40] + ["..."] + lines[-tail:]]
+    return [line[:300] for line in [*marked[:40], "...", *lines[-tail:]]]
 
 
 def main() -> int:

@@ -237,6 +237,20 @@ def test_paged_attention_rejects_mixed_devices():
         xla_gpu_ops.paged_attention(**inputs, scale=0.1)
 
 
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_plan_cache_starts_over_when_full(monkeypatch):
+    """More static keys than the eager CUDA path keeps: the cache starts over and every call is
+    still right (a re-described call must launch as the first one did)."""
+    from xla_gpu_ops import torch_cuda
+
+    monkeypatch.setattr(torch_cuda, "MAX_PLANS", 2)
+    for rows in (1, 2, 3, 1, 2, 3, 4):
+        a = torch.randn(rows, 37, device="cuda")
+        b = torch.randn(rows, 37, device="cuda")
+        torch.testing.assert_close(torch.ops.xla_gpu.simple_add(a, b), a + b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("a", "b", "error", "name"),
     [

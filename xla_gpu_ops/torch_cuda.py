@@ -21,6 +21,10 @@ import torch
 
 from xla_gpu_ops import _library, ops
 
+# Static keys kept per op: a serving loop pads to a few shapes, a ragged eager caller may not; past
+# this many the cache starts over (a miss costs one describe, tens of microseconds).
+MAX_PLANS = 4096
+
 TORCH_DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -87,6 +91,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
         plan = plans.get(key)
         if plan is None:
             launch = _library.load().op(op).launch  # before the plan is visible to other threads
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
             plan = plans[key] = _Plan(op, tensors, attrs)
         for i, t in enumerate(tensors):
             if not t.is_contiguous() or t.data_ptr() % 16:

@@ -30,6 +30,26 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
 
 
+def make_cache_write_inputs(
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+    cache_dtype: torch.dtype | None = None,
+    slot_dtype: torch.dtype = torch.int32,
+    scale: float = 1.0,
+    num_kv_heads: int = 3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kv_cache_update's operands: new_kv [40, 2*Hkv, 64] (times `scale`), slot_mapping [40] of
+    distinct slots with every 7th token padding (-1), and a random kv_cache [7, 16, 2*Hkv, 64]."""
+    gen = torch.Generator().manual_seed(seed)
+    num_pages, page_size, head_dim, num_tokens = 7, 16, 64, 40
+    combined = 2 * num_kv_heads
+    slots = torch.randperm(num_pages * page_size, generator=gen)[:num_tokens].to(slot_dtype)
+    slots[::7] = -1
+    new_kv = (torch.randn(num_tokens, combined, head_dim, generator=gen) * scale).to(dtype)
+    cache = torch.randn(num_pages, page_size, combined, head_dim, generator=gen)
+    return new_kv, slots, cache.to(cache_dtype or dtype)
+
+
 def _pages_needed(context_len: int, page_size: int) -> int:
     return -(-context_len // page_size)
 

@@ -13,7 +13,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from paged_inputs import MIXED, fresh_seed, make_paged_inputs
+from paged_inputs import MIXED, fresh_seed, make_cache_write_inputs, make_paged_inputs
 
 import xla_gpu_ops
 from xla_gpu_ops import _library, ops, reference
@@ -27,16 +27,7 @@ needs_torch_xla = pytest.mark.skipif(
 FP8 = torch.float8_e4m3fn
 
 
-def cache_case(seed, dtype=torch.bfloat16, cache_dtype=None, slot_dtype=torch.int32, scale=1.0):
-    """new_kv [N, 2*Hkv, D], slot_mapping [N] with padding and distinct slots, kv_cache."""
-    gen = torch.Generator().manual_seed(seed)
-    num_pages, page_size, combined, head_dim, num_tokens = 7, 16, 6, 64, 40
-    capacity = num_pages * page_size
-    slots = torch.randperm(capacity, generator=gen)[:num_tokens].to(slot_dtype)
-    slots[::7] = -1  # padding tokens
-    new_kv = (torch.randn(num_tokens, combined, head_dim, generator=gen) * scale).to(dtype)
-    cache = torch.randn(num_pages, page_size, combined, head_dim, generator=gen)
-    return new_kv, slots, cache.to(cache_dtype or dtype)
+cache_case = make_cache_write_inputs  # (new_kv, slot_mapping, kv_cache) with padding slots
 
 
 def loop_oracle(new_kv, slots, cache, k_scale=None, v_scale=None):

@@ -21,7 +21,7 @@ from paged_inputs import fresh_seed
 from subprocess_python import run_python
 
 from xla_gpu_ops import _library, head_sharding, ops
-from xla_gpu_ops.ops import PAGED_ATTENTION
+from xla_gpu_ops.ops import KV_CACHE_UPDATE, PAGED_ATTENTION
 
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
@@ -94,7 +94,7 @@ def test_layouts_name_real_operands():
             assert operand in op.operand_names, (name, operand)
             assert 0 <= entry.dim < op.operands[op.operand_names.index(operand)].rank
         assert layout.kv_operand in layout.dims
-        assert set(op.result_like) <= set(op.operand_names)
+        assert set(op.returned_like) <= set(op.operand_names)
 
 
 def shapes(num_q_heads: int, num_kv_heads: int, combined: int | None = None):
@@ -139,6 +139,27 @@ def test_partition_entries():
     assert head_sharding.result_entries(PAGED_ATTENTION, [3], ("a", "b")) == [
         (None, ("a", "b"), None)
     ]
+    # kv_cache_update: new_kv by its combined heads, slots replicated; the result is the cache
+    assert head_sharding.partition_entries(KV_CACHE_UPDATE, "heads") == [
+        (None, "heads", None), (None,), (None, None, "heads", None),
+    ]  # fmt: skip
+    assert KV_CACHE_UPDATE.returned_like == ("kv_cache",)
+    assert head_sharding.result_entries(KV_CACHE_UPDATE, [4], "heads") == [
+        (None, None, "heads", None)
+    ]
+
+
+def test_cache_write_split_checks_new_kv_against_the_cache():
+    def cache_shapes(new_kv_heads: int, cache_heads: int):
+        return [(40, new_kv_heads, 64), (40,), (7, 16, cache_heads, 64)]
+
+    head_sharding.check_split(KV_CACHE_UPDATE, cache_shapes(8, 8), 4, "x")  # 4 KV heads, 4 ways
+    with pytest.raises(
+        ValueError, match=r"kv_cache_update: kv_cache: 2 KV heads .* cannot be split"
+    ):
+        head_sharding.check_split(KV_CACHE_UPDATE, cache_shapes(4, 4), 4, "mesh axis 'heads'")
+    with pytest.raises(ValueError, match=r"kv_cache_update: new_kv: dimension 1 has 6 entries"):
+        head_sharding.check_split(KV_CACHE_UPDATE, cache_shapes(6, 8), 2, "x")
 
 
 HLO_WITH_COLLECTIVES = """
@@ -216,6 +237,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import paged_inputs
 from xla_gpu_ops import head_sharding, hlo, sharding
 from xla_gpu_ops import jax as xgo_jax
+from xla_gpu_ops.ops import KV_CACHE_UPDATE as CACHE_OP
 from xla_gpu_ops.ops import PAGED_ATTENTION as OP
 
 results = {"devices": len(jax.devices())}
@@ -247,11 +269,12 @@ def host(x):
     return np.asarray(jnp.asarray(x, jnp.float32))
 
 
-def compiled_facts(fn, args):
+def compiled_facts(fn, args, target=TARGET):
     text = fn.lower(*args).compile().as_text()
     return {
         "collectives": [[c.name, c.opcode, c.shape] for c in head_sharding.collectives_in_hlo(text)],
-        "calls": [list(c.operand_shapes) for c in hlo.custom_calls_in_hlo(text) if c.target == TARGET],
+        "calls": [list(c.operand_shapes) for c in hlo.custom_calls_in_hlo(text) if c.target == target],
+        "aliases": [line.strip()[:300] for line in text.splitlines() if "input_output_alias" in line],
     }
 
 
@@ -318,6 +341,33 @@ def partitioned_error():
     return {"type": None}
 
 
+def cache_inputs(dtype):
+    new_kv, slots, cache = paged_inputs.make_cache_write_inputs(SEED, getattr(torch, dtype),
+                                                                num_kv_heads=8)
+    return [to_jax(new_kv), to_jax(slots), to_jax(cache)]
+
+
+def cache_case(dtype, attrs):
+    # The cache is donated: XLA writes it in place, so each run gets fresh copies.
+    arrays = cache_inputs(dtype)
+    expected = host(jax.jit(functools.partial(xgo_jax.kv_cache_update, **attrs))(*arrays))
+    shardings = sharding.input_shardings(mesh4, op=CACHE_OP)
+    out = {"kv_shape": list(arrays[2].shape)}
+    for variant in ("shard_map", "partitioned"):
+        if variant == "shard_map":
+            fn = lambda *a: sharding.kv_cache_update(*a, mesh=mesh4, **attrs)
+        else:
+            fn = lambda *a: sharding.partitioned_kv_cache_update(*a, **attrs)
+        jitted = jax.jit(fn, donate_argnums=2)
+        placed = [jax.device_put(a, s) for a, s in zip(cache_inputs(dtype), shardings)]
+        facts = compiled_facts(jitted, placed, CACHE_OP.ffi_target)
+        out[variant] = {**compare(jitted(*placed), expected), **facts,
+                        "donated_deleted": placed[2].is_deleted()}
+    return out
+
+
+record("cache_bf16", lambda: cache_case("bfloat16", {}))
+record("cache_f32_scales", lambda: cache_case("float32", {"k_scale": 0.5, "v_scale": 2.0}))
 record("error_more_devices", lambda: shard_map_error(8, 2))
 record("error_not_divisible", lambda: shard_map_error(12, 6))
 record("error_partitioned", partitioned_error)
@@ -355,7 +405,38 @@ def torchax_route():
             "jit": {**compare(jitted(*placed), expected), **compiled_facts(jitted, placed)}}
 
 
+def torchax_cache_route():
+    import torchax
+    import xla_gpu_ops.torchax as xgo_torchax
+
+    xgo_torchax.register()
+    env = torchax.default_env()
+    attrs = {"k_scale": 0.5}
+    expected = host(xgo_jax.kv_cache_update(*cache_inputs("bfloat16"), **attrs))
+    shardings = sharding.input_shardings(mesh4, op=CACHE_OP)
+
+    def program(new_kv, slot_mapping, kv_cache):  # in place, as torch.ops.xla_gpu.kv_cache_update
+        returned = sharding.torchax_kv_cache_update(new_kv * 1.0, slot_mapping, kv_cache,
+                                                    mesh=mesh4, **attrs)
+        assert returned is None, type(returned)
+        return kv_cache
+
+    arrays = cache_inputs("bfloat16")  # outside the env: there torch.randn would be torchax's
+    with env:
+        tensors = [torchax.interop.torch_view(a) for a in arrays]
+        for t, s in zip(tensors, shardings):
+            t.apply_jax_(jax.device_put, s)
+        program(*tensors)
+        eager = tensors[2].jax()
+    jitted = jax.jit(torchax.interop.jax_view(program))
+    placed = [jax.device_put(a, s) for a, s in zip(cache_inputs("bfloat16"), shardings)]
+    return {"eager": compare(eager, expected),
+            "jit": {**compare(jitted(*placed), expected),
+                    **compiled_facts(jitted, placed, CACHE_OP.ffi_target)}}
+
+
 record("torchax", torchax_route)
+record("torchax_cache", torchax_cache_route)
 print("RESULTS " + json.dumps(results))
 """
 
@@ -485,6 +566,39 @@ def test_jax_partitioned_error_while_compiling(jax_results):
     ), got["message"]
 
 
+@pytest.mark.jax
+@pytest.mark.parametrize("variant", ["shard_map", "partitioned"])
+@pytest.mark.parametrize("case", ["cache_bf16", "cache_f32_scales"])
+def test_jax_sharded_cache_write_in_place_without_collectives(jax_results, case, variant):
+    """kv_cache_update split by KV head with the cache donated: the same cache as the unsharded
+    write, sharded (None, None, heads, None), no collective, one custom call on the device's
+    own heads, and the donated cache written in place (its buffer aliased, the input deleted)."""
+    results, seed = jax_results
+    entry = ok(results, case, seed)
+    got = entry[variant]
+    assert got["equal"], f"{case}/{variant}: max |diff| {got['max_abs']} (seed {seed})"
+    assert got["spec"][:3] == ["None", "None", "heads"], got["spec"]  # jax drops trailing Nones
+    assert got["collectives"] == [], f"collectives in the compiled HLO: {got['collectives']}"
+    assert len(got["calls"]) == 1, got["calls"]
+    local = local_kv_shape(entry["kv_shape"], NUM_DEVICES)
+    assert dims(got["calls"][0][2]) == local, (got["calls"], entry["kv_shape"])
+    assert dims(got["calls"][0][0])[1] == local[2], got["calls"]  # new_kv's own heads
+    assert got["aliases"], "no input_output_alias in the compiled module"
+    assert got["donated_deleted"]
+
+
+@pytest.mark.torchax
+def test_torchax_sharded_cache_write_in_place(jax_results):
+    pytest.importorskip("torchax")
+    results, seed = jax_results
+    got = ok(results, "torchax_cache", seed)
+    for mode in ("eager", "jit"):
+        assert got[mode]["equal"], f"{mode}: max |diff| {got[mode]['max_abs']} (seed {seed})"
+        assert got[mode]["spec"][:3] == ["None", "None", "heads"], got[mode]["spec"]
+    assert got["jit"]["collectives"] == [], got["jit"]["collectives"]
+    assert len(got["jit"]["calls"]) == 1
+
+
 @pytest.mark.torchax
 def test_torchax_route(jax_results):
     pytest.importorskip("torchax")
@@ -601,8 +715,28 @@ def error_case():
     return {"type": None}
 
 
+def cache_write_case():
+    # kv_cache_update on XLA runs its composite scatter (the default: torch_xla cannot alias)
+    new_kv, slots, cache = paged_inputs.make_cache_write_inputs(SEED, torch.bfloat16,
+                                                                num_kv_heads=8)
+    expected = cache.clone()
+    reference.kv_cache_update(new_kv, slots, expected, k_scale=0.5)
+    tensors = [t.to(device) for t in (new_kv, slots, cache)]
+    before = dumps()
+    returned = torch_xla_sharding.kv_cache_update(*tensors, mesh=mesh, k_scale=0.5)
+    spec = torch_xla._XLAC._get_xla_sharding_spec(tensors[2])
+    torch_xla.sync()
+    got = tensors[2].cpu()
+    text, modules = optimized_since(before)
+    return {"returned_none": returned is None, "equal": bool(torch.equal(got, expected)),
+            "spec": spec, "modules": modules,
+            "collectives": [[c.name, c.opcode, c.shape]
+                            for c in head_sharding.collectives_in_hlo(text)]}
+
+
 for case in COMPOSITE_CASES:
     record(case, lambda: composite_case(case))
+record("cache_write", cache_write_case)
 record("custom_call_manual", lambda: custom_call_case(True))
 record("custom_call_plain", lambda: custom_call_case(False))
 record("error_more_devices", error_case)
@@ -654,6 +788,19 @@ def test_torch_xla_manual_sharding_composite(torch_xla_results, case):
     assert got["equal"], f"max |diff| {got['max_abs']} vs the unsharded call (seed {seed})"
     assert got["rel_l2_vs_reference"] <= TOLERANCE[CASES[case][5]], got
     assert got["spec"] == "{devices=[1,4,1]0,1,2,3}", got["spec"]
+    assert got["modules"] >= 1
+    assert got["collectives"] == [], got["collectives"]
+
+
+@pytest.mark.torch_xla
+def test_torch_xla_sharded_cache_write_in_place(torch_xla_results):
+    """kv_cache_update under SPMD with manual sharding: the caller's cache is updated in place
+    to what the unsharded reference writes, keeps its head sharding, and no collective runs."""
+    results, seed = torch_xla_results
+    got = ok(results, "cache_write", seed)
+    assert got["returned_none"]
+    assert got["equal"], f"sharded cache write differs from the reference (seed {seed})"
+    assert got["spec"] == "{devices=[1,1,4,1]0,1,2,3}", got["spec"]
     assert got["modules"] >= 1
     assert got["collectives"] == [], got["collectives"]
 

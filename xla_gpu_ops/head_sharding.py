@@ -48,10 +48,14 @@ class HeadLayout:
 
 
 # Ops that can be split by KV head. Results are split like the operand they take their shape
-# from (op.result_like). An op missing here cannot be sharded by these wrappers.
+# from (op.returned_like). An op missing here cannot be sharded by these wrappers.
 LAYOUTS: dict[str, HeadLayout] = {
     ops.PAGED_ATTENTION.name: HeadLayout(
         dims={"query": HeadDim(1, None), "kv_cache": HeadDim(2, 2)}, kv_operand="kv_cache"
+    ),
+    # new_kv [N, 2*Hkv, D] has the cache's combined head axis: device d writes its own K/V pairs.
+    ops.KV_CACHE_UPDATE.name: HeadLayout(
+        dims={"new_kv": HeadDim(1, 2), "kv_cache": HeadDim(2, 2)}, kv_operand="kv_cache"
     ),
 }
 
@@ -79,9 +83,10 @@ def partition_entries(op: ops.Op, axis: object) -> list[tuple]:
 
 
 def result_entries(op: ops.Op, ranks: Sequence[int], axis: object) -> list[tuple]:
-    """Per returned result, its partition spec entries (split like the operand it mirrors)."""
+    """Per returned result, its partition spec entries (split like the operand it mirrors,
+    op.returned_like)."""
     return [
-        _entries(op, like, rank, axis) for like, rank in zip(op.result_like, ranks, strict=True)
+        _entries(op, like, rank, axis) for like, rank in zip(op.returned_like, ranks, strict=True)
     ]
 
 

@@ -144,6 +144,16 @@ class Op:
         return self._schema(mutable=False, returns=self.returned)
 
     @property
+    def returned_like(self) -> tuple[str, ...]:
+        """Per returned result, the operand it takes its shape, dtype and sharding from: the
+        aliased operand for an in-place result, else the next entry of result_like."""
+        like = iter(self.result_like)
+        return tuple(
+            self.operands[self.aliases[i]].name if i in self.aliases else next(like)
+            for i in range(self.returned)
+        )
+
+    @property
     def torch_returns(self) -> tuple[int, ...]:
         """Indices of the results the torch op returns: the outputs that are not in place."""
         return tuple(i for i in range(self.returned) if i not in self.aliases)

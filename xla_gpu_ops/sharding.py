@@ -1,4 +1,5 @@
-"""Paged attention sharded by KV head over several devices (JAX, and torchax through it).
+"""Paged attention and KV cache writes sharded by KV head over several devices (JAX, and torchax
+through it).
 
 `jax.ffi.ffi_call` has no sharding rule: under `jax.jit` with sharded inputs XLA gathers every
 operand onto every device before the custom call. Two ways around it, both with query heads and
@@ -17,7 +18,9 @@ A head axis with more devices than KV heads, or a KV head count it does not divi
 ValueError naming kv_cache (KV heads are never replicated); under plain jit the partitioner raises
 it while compiling and jax reports it as an XlaRuntimeError carrying that message. Attributes (`scale`, ... and any the
 op table adds) pass through unchanged; `torchax_paged_attention` is the same call for a PyTorch
-program under torchax. docs/SHARDING.md.
+program under torchax. `kv_cache_update`, `partitioned_kv_cache_update` and
+`torchax_kv_cache_update` split the cache write the same way (new_kv by its combined heads), so
+a serving step's write and attention stay on each device's heads. docs/SHARDING.md.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 __all__ = [
     "DEFAULT_AXIS",
     "input_shardings",
+    "kv_cache_update",
     "output_shardings",
     "paged_attention",
     "partitioned_call",
+    "partitioned_kv_cache_update",
     "partitioned_paged_attention",
     "shard_map_call",
+    "torchax_kv_cache_update",
     "torchax_paged_attention",
 ]
 
@@ -59,7 +65,7 @@ def input_specs(op: ops.Op, axis: Axis = DEFAULT_AXIS) -> list[PartitionSpec]:
 
 def output_specs(op: ops.Op, axis: Axis = DEFAULT_AXIS) -> list[PartitionSpec]:
     """Partition spec of each returned result."""
-    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.result_like]
+    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.returned_like]
     return [PartitionSpec(*e) for e in head_sharding.result_entries(op, ranks, _entry(axis))]
 
 
@@ -130,6 +136,17 @@ def paged_attention(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str 
     return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
 
 
+def kv_cache_update(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs):
+    """`xla_gpu_ops.jax.kv_cache_update` with the combined head axis of new_kv [N, 2*Hkv, D] and
+    kv_cache split over `axis` of `mesh`, under `jax.shard_map`: each device writes its own K/V
+    heads; slot_mapping is replicated. Returns the updated cache, sharded
+    `P(None, None, axis, None)` and aliasing kv_cache (donate it under jit: no copy). Same
+    operands and attributes, same errors as `paged_attention`."""
+    op = ops.KV_CACHE_UPDATE
+    operands, attrs = op.bind(args, kwargs)
+    return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
+
+
 # ---------------------------------------------------------------------------- plain jit
 def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
     """Shardy rule. Every dimension is a factor of its own (nothing ties the replicated operands
@@ -165,7 +182,7 @@ def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
         mappings[name] = ArrayMapping(*dims)
     if share and not kv_whole:
         sizes["kv"] = kv_heads
-    results = tuple(mappings[like] for like in op.result_like)
+    results = tuple(mappings[like] for like in op.returned_like)
     return SdyShardingRule(tuple(mappings.values()), results, **sizes)
 
 
@@ -259,16 +276,56 @@ def partitioned_paged_attention(*args: Any, abi: str = "ffi", **kwargs):
     return partitioned_call(op, operands, attrs, abi)
 
 
+def partitioned_kv_cache_update(*args: Any, abi: str = "ffi", **kwargs):
+    """`xla_gpu_ops.jax.kv_cache_update` that plain `jax.jit` partitions by KV head from the
+    shardings of new_kv and kv_cache (`P(None, axis, None)`, `P(None, None, axis, None)`), as
+    `partitioned_paged_attention` does."""
+    op = ops.KV_CACHE_UPDATE
+    operands, attrs = op.bind(args, kwargs)
+    return partitioned_call(op, operands, attrs, abi)
+
+
 # ---------------------------------------------------------------------------- torchax
+def _torchax_call(op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], mesh: Mesh,
+                  axis: Axis, abi: str):  # fmt: skip
+    """`shard_map_call` for a PyTorch program under torchax, returning what the torch op
+    returns: results written in place are stored into their operand (torchax tensors)."""
+    from torchax import interop
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    def sharded(*call_args, **call_kwargs):
+        operands, attrs = op.bind(call_args, call_kwargs)
+        return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
+
+    # mesh goes in through the closure: torchax's argument conversion treats any callable (a
+    # Mesh is one) as a torch function to wrap.
+    outs = interop.call_jax(sharded, *args, **kwargs)
+    if not op.aliases:
+        return outs
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    operands, _ = op.bind(args, kwargs)
+    for result, operand in op.aliases.items():
+        xgo_torchax.store(operands[operand], outs[result].jax())
+    returns = [outs[i] for i in op.torch_returns]
+    if not returns:
+        return None
+    return returns[0] if len(returns) == 1 else tuple(returns)
+
+
 def torchax_paged_attention(
     *args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs
 ):
     """`paged_attention` for a PyTorch program under torchax: torchax tensors in (shard them with
     `tensor.apply_jax_(jax.device_put, sharding)`), a torchax tensor out; eager or inside
     `jax.jit(torchax.interop.jax_view(fn))`."""
-    from torchax import interop
+    return _torchax_call(ops.PAGED_ATTENTION, args, kwargs, mesh, axis, abi)
 
-    # mesh goes in through the closure: torchax's argument conversion treats any callable (a
-    # Mesh is one) as a torch function to wrap.
-    call = functools.partial(paged_attention, mesh=mesh, axis=axis, abi=abi)
-    return interop.call_jax(call, *args, **kwargs)
+
+def torchax_kv_cache_update(
+    *args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs
+) -> None:
+    """`kv_cache_update` for a PyTorch program under torchax: in place, as
+    `torch.ops.xla_gpu.kv_cache_update`: the sharded result is stored into the kv_cache tensor
+    (a view writes through to its base); returns None."""
+    return _torchax_call(ops.KV_CACHE_UPDATE, args, kwargs, mesh, axis, abi)

@@ -1,4 +1,5 @@
-"""torch_xla SPMD: paged attention sharded by KV head, with manual sharding around the call.
+"""torch_xla SPMD: paged attention and KV cache writes sharded by KV head, with manual sharding
+around the call.
 
     import torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
     xr.use_spmd()
@@ -29,7 +30,7 @@ import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
 from xla_gpu_ops import head_sharding, ops
 from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 
-__all__ = ["DEFAULT_AXIS", "call", "paged_attention", "partition_specs"]
+__all__ = ["DEFAULT_AXIS", "call", "kv_cache_update", "paged_attention", "partition_specs"]
 
 Axis = str | tuple[str, ...]
 
@@ -37,7 +38,7 @@ Axis = str | tuple[str, ...]
 def partition_specs(op: ops.Op | str = ops.PAGED_ATTENTION, axis: Axis = DEFAULT_AXIS):
     """(operand specs, result specs) as torch_xla partition-spec tuples."""
     op = ops.get(op)
-    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.result_like]
+    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.returned_like]
     return (
         head_sharding.partition_entries(op, axis),
         head_sharding.result_entries(op, ranks, axis),
@@ -63,8 +64,9 @@ def call(
     *,
     mesh: Any,
     axis: Axis = DEFAULT_AXIS,
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """`torch.ops.xla_gpu.<op>` on XLA tensors, per device on its heads (manual sharding)."""
+) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
+    """`torch.ops.xla_gpu.<op>` on XLA tensors, per device on its heads (manual sharding); returns
+    what the torch op returns (an operand written in place is updated, sharded as it was)."""
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
@@ -98,14 +100,22 @@ def call(
         xs.enable_manual_sharding(t, spec, mesh=mesh).global_tensor
         for t, spec in zip(operands, in_specs, strict=True)
     ]
-    outs = getattr(getattr(torch.ops, ops.NAMESPACE), op.name)(*local, **dict(attrs))
+    # An op that writes in place runs as its functional twin on the local shards; its result
+    # then goes back into the caller's operand, as the torch op would have written it.
+    name = op.functional_name if op.aliases else op.name
+    outs = getattr(getattr(torch.ops, ops.NAMESPACE), name)(*local, **dict(attrs))
     outs = (outs,) if op.returned == 1 else tuple(outs)
-    full_shapes = [operands[op.operand_names.index(like)].shape for like in op.result_like]
+    full_shapes = [operands[op.operand_names.index(like)].shape for like in op.returned_like]
     results = tuple(
         xs.disable_manual_sharding(out, spec, shape, mesh=mesh).global_tensor
         for out, spec, shape in zip(outs, out_specs, full_shapes, strict=True)
     )
-    return results[0] if op.returned == 1 else results
+    for result, operand in op.aliases.items():
+        operands[operand].copy_(results[result])
+    returns = [results[i] for i in op.torch_returns]
+    if not returns:
+        return None
+    return returns[0] if len(returns) == 1 else tuple(returns)
 
 
 def paged_attention(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> torch.Tensor:
@@ -117,3 +127,13 @@ def paged_attention(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) 
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
     return call(op, operands, attrs, mesh=mesh, axis=axis)
+
+
+def kv_cache_update(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> None:
+    """torch.ops.xla_gpu.kv_cache_update on XLA tensors in SPMD mode, in place: new_kv
+    `(None, axis, None)` and kv_cache `(None, None, axis, None)` split by their combined heads,
+    slot_mapping replicated; each device writes its own K/V heads. Same operands, attributes and
+    errors as `paged_attention`."""
+    op = ops.KV_CACHE_UPDATE
+    operands, attrs = op.bind(args, kwargs)
+    call(op, operands, attrs, mesh=mesh, axis=axis)

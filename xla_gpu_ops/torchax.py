@@ -32,6 +32,15 @@ from xla_gpu_ops import ops
 _register_lock = threading.Lock()
 
 
+def store(target: Any, value: Any) -> None:
+    """Writes a jax array into a torchax tensor in place, as torchax's own copy_ does (a view
+    writes through to the tensor it views)."""
+    if isinstance(target, torchax.view.View):
+        target.update(value)
+    else:
+        target._elem = value
+
+
 def _make_lowering(op: ops.Op) -> Callable[..., Any]:
     def lowering(*args: Any, **kwargs: Any) -> Any:
         # torchax hands over jax arrays for tensors and plain Python values for the scalars, in
@@ -46,11 +55,7 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         outs = xgo_jax.call(op, [t.jax() for t in tensors], attrs)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for result, operand in op.aliases.items():
-            target = tensors[operand]
-            if isinstance(target, torchax.view.View):
-                target.update(outs[result])  # writes through to the viewed tensor
-            else:
-                target._elem = outs[result]
+            store(tensors[operand], outs[result])
 
     chosen = in_place_lowering if op.aliases else lowering
     chosen.__name__ = f"{op.name}_lowering"

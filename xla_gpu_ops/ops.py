@@ -158,6 +158,18 @@ class Op:
         """Indices of the results the torch op returns: the outputs that are not in place."""
         return tuple(i for i in range(self.returned) if i not in self.aliases)
 
+    def torch_result(self, functional: bool = False) -> Callable[[Sequence[Any]], Any]:
+        """picks what the torch op (functional: its functional twin) returns from the op's
+        returned results in library order: None when every result is written in place, else one
+        tensor or a tuple. Made once per kernel: the eager path calls it on every call."""
+        returns = tuple(range(self.returned)) if functional else self.torch_returns
+        if not returns:
+            return lambda outs: None
+        if len(returns) == 1:
+            (index,) = returns
+            return lambda outs: outs[index]
+        return lambda outs: tuple(outs[i] for i in returns)
+
     def schema(self) -> str:
         """The torch.library schema, e.g. "(Tensor query, ..., float scale, int? w=None) -> Tensor"."""
         return self._schema(mutable=True, returns=len(self.torch_returns))

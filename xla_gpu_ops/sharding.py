@@ -307,10 +307,7 @@ def _torchax_call(op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], me
     operands, _ = op.bind(args, kwargs)
     for result, operand in op.aliases.items():
         xgo_torchax.store(operands[operand], outs[result].jax())
-    returns = [outs[i] for i in op.torch_returns]
-    if not returns:
-        return None
-    return returns[0] if len(returns) == 1 else tuple(returns)
+    return op.torch_result()(outs)
 
 
 def torchax_paged_attention(

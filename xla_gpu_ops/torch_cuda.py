@@ -68,10 +68,10 @@ def make_kernel(op: ops.Op, functional: bool = False):
     host_ok = tuple(i for i, o in enumerate(op.operands) if o.host_ok)
     pack = _library.pointer_packer(num_operands + len(op.results))
     plans: dict[tuple, _Plan] = {}
-    returns = tuple(range(op.returned)) if functional else op.torch_returns
     # result index -> operand index: written in place
     aliases = {} if functional else dict(op.aliases)
     launch = None  # the library's launch entry, resolved on first use
+    pick = op.torch_result(functional)
 
     def kernel(*args):
         nonlocal launch
@@ -116,8 +116,6 @@ def make_kernel(op: ops.Op, functional: bool = False):
                 status = launch(plan.call_address, buffers, stream)
         if status:
             _library.load().raise_for_status(status)
-        if not returns:
-            return None
-        return results[0] if len(returns) == 1 else tuple(results[i] for i in returns)
+        return pick(results)
 
     return kernel

@@ -126,6 +126,7 @@ def _functionalize_kernel(op: ops.Op):
     stay functional and hold the custom op."""
     hide = torch._C._ExcludeDispatchKeyGuard
     functional = getattr(getattr(torch.ops, ops.NAMESPACE), op.functional_name).default
+    pick = op.torch_result()
 
     def kernel(*args):
         operands, attrs = op.split_schema_args(args)
@@ -141,10 +142,10 @@ def _functionalize_kernel(op: ops.Op):
         for result, operand in op.aliases.items():
             torch._functionalize_replace(operands[operand], outs[result])
             torch._functionalize_commit_update(operands[operand])
-        returns = [torch._to_functional_tensor(outs[i]) for i in op.torch_returns]
-        if not returns:
-            return None
-        return returns[0] if len(returns) == 1 else tuple(returns)
+        # in-place results became the operands' values above; the rest are returned, wrapped
+        return pick(
+            [o if i in op.aliases else torch._to_functional_tensor(o) for i, o in enumerate(outs)]
+        )
 
     return kernel
 

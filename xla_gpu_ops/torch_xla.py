@@ -219,17 +219,15 @@ def make_kernel(op: ops.Op, functional: bool = False):
     are copied into their operand (on XLA an IR update, not a device copy); functional: the
     kernel of <op>_functional, which returns them instead."""
 
+    pick = op.torch_result(functional)
+
     def kernel(*args):
         operands, attrs = op.split_schema_args(args)
         outs = functional_results(op, operands, attrs)
-        if functional:
-            return outs[0] if op.returned == 1 else tuple(outs)
-        for result, operand in op.aliases.items():
-            operands[operand].copy_(outs[result])
-        returns = [outs[i] for i in op.torch_returns]
-        if not returns:
-            return None
-        return returns[0] if len(returns) == 1 else tuple(returns)
+        if not functional:
+            for result, operand in op.aliases.items():
+                operands[operand].copy_(outs[result])
+        return pick(outs)
 
     return kernel
 

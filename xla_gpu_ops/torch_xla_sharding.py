@@ -112,10 +112,7 @@ def call(
     )
     for result, operand in op.aliases.items():
         operands[operand].copy_(results[result])
-    returns = [results[i] for i in op.torch_returns]
-    if not returns:
-        return None
-    return returns[0] if len(returns) == 1 else tuple(returns)
+    return op.torch_result()(results)
 
 
 def paged_attention(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> torch.Tensor:

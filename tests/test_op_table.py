@@ -24,6 +24,24 @@ def test_library_names_equal_the_table(op):
 
 
 @needs_library
+def test_every_library_dtype_is_a_torch_and_numpy_dtype():
+    """The library's dtype list is the one list: the torch and JAX front ends map its names
+    (torch's and numpy's spelling) without a table of their own."""
+    torch = pytest.importorskip("torch")
+    from xla_gpu_ops.torch_cuda import dtype_name, torch_dtype
+
+    names = set(_library.load().dtype_codes)
+    assert {"float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64"} <= names
+    for name in names:
+        assert dtype_name(torch_dtype(name)) == name
+        if name not in ("bfloat16", "float8_e4m3fn"):  # numpy has these through ml_dtypes
+            assert np.dtype(name).name == name
+    assert isinstance(torch_dtype("float32"), torch.dtype)
+    with pytest.raises(TypeError, match="'no_such' has no torch dtype"):
+        torch_dtype("no_such")
+
+
+@needs_library
 @pytest.mark.parametrize("op", ops.OPS, ids=[op.name for op in ops.OPS])
 def test_library_rejects_each_wrong_rank_naming_the_operand(op):
     sample = list(op.sample(False).values())

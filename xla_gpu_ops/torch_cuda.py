@@ -25,18 +25,17 @@ from xla_gpu_ops import _library, ops
 # this many the cache starts over (a miss costs one describe, tens of microseconds).
 MAX_PLANS = 4096
 
-TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
-
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name from the library's dtype list (it uses torch's names)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"the library's dtype {name!r} has no torch dtype of that name")
+    return dtype
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
@@ -57,7 +56,7 @@ class _Plan:
             op.split_schema_args([*tensors, *attrs])[1],
         )  # fmt: skip
         self.call_address = ctypes.addressof(self.call)
-        self.results = [(spec.shape, TORCH_DTYPES[spec.dtype]) for spec in results]
+        self.results = [(spec.shape, torch_dtype(spec.dtype)) for spec in results]
 
 
 def make_kernel(op: ops.Op, functional: bool = False):

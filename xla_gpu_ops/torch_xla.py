@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from xla_gpu_ops import _library, ops, reference
-from xla_gpu_ops.torch_cuda import TORCH_DTYPES, dtype_name
+from xla_gpu_ops.torch_cuda import dtype_name, torch_dtype
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
 IMPL_ENV = "XLA_GPU_OPS_XLA_IMPL"  # "custom_call" | "composite": override the implementation
@@ -202,7 +202,7 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
         key = backend_config.encode() if abi == "ffi" else backend_config
         operands[-1] = fold_config_into_cache_key(operands[-1], key)
     outs = emit_custom_call(
-        op, operands, [r.shape for r in results], [TORCH_DTYPES[r.dtype] for r in results],
+        op, operands, [r.shape for r in results], [torch_dtype(r.dtype) for r in results],
         abi, backend_config,
     )  # fmt: skip
     return outs[: op.returned]

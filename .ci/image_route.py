@@ -135,6 +135,19 @@ class Route:
         self.failures += [f"{where}: {problem}" for problem in wrong]
         return found
 
+    def record_suite(self, key: str, where: str, command: str, what: str,
+                     result: subprocess.CompletedProcess[str], started: float) -> None:  # fmt: skip
+        """A run of CI's command: its exit, time and pytest summaries in the record; when it
+        failed, a failure naming `what` and the failing lines of its output."""
+        entry = self.record[key] = {
+            "command": command, "exit": result.returncode,
+            "time": f"{time.monotonic() - started:.0f} s",
+            "pytest": self.check_summaries(where, result.stdout),
+        }  # fmt: skip
+        if result.returncode != 0:
+            self.failures.append(f"{where}: {what} exited {result.returncode}")
+            entry["failed lines"] = failed_lines(result.stdout)
+
     # ---- steps ---------------------------------------------------------------------------
     def start_daemon(self) -> None:
         # A docker CLI config of our own: the Compose v2 plugin, and nothing of the user's.
@@ -259,14 +272,8 @@ class Route:
             "-v", f"{UV_CACHE_VOLUME}:/home/dev/.cache/uv", RUNTIME_IMAGE,
             check=False, log_to=self.scratch / "container.log",
         )  # fmt: skip
-        self.record["in container"] = {
-            "command": "the image's CMD (CI's command)", "exit": result.returncode,
-            "time": f"{time.monotonic() - started:.0f} s",
-            "pytest": self.check_summaries("container", result.stdout),
-        }  # fmt: skip
-        if result.returncode != 0:
-            self.failures.append(f"container: CI's command exited {result.returncode}")
-            self.record["in container"]["failed lines"] = failed_lines(result.stdout)
+        self.record_suite("in container", "container", "the image's CMD (CI's command)",
+                          "CI's command", result, started)  # fmt: skip
 
     def write_compose_override(self) -> None:
         """Host network (the daemon has no bridge), the machine's CA bundle for run-time downloads,
@@ -287,14 +294,11 @@ class Route:
         result = self.compose(
             "run", "--rm", "tests", check=False, log_to=self.scratch / "compose.log"
         )
-        self.record["compose"] = {
-            "command": "docker compose -f compose.yaml -f compose.cpu.yaml -f <CI override> run --rm tests",
-            "exit": result.returncode, "time": f"{time.monotonic() - started:.0f} s",
-            "pytest": self.check_summaries("compose", result.stdout),
-        }  # fmt: skip
-        if result.returncode != 0:
-            self.failures.append(f"compose: `run --rm tests` exited {result.returncode}")
-            self.record["compose"]["failed lines"] = failed_lines(result.stdout)
+        self.record_suite(
+            "compose", "compose",
+            "docker compose -f compose.yaml -f compose.cpu.yaml -f <CI override> run --rm tests",
+            "`run --rm tests`", result, started,
+        )  # fmt: skip
 
     def devcontainer_config(self) -> Path:
         """.devcontainer/devcontainer.json with the no-GPU and CI compose overrides added."""

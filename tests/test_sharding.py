@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import artifacts_root
 from paged_inputs import fresh_seed
-from subprocess_python import run_python
+from subprocess_python import results_of, run_python
 
 from xla_gpu_ops import _library, head_sharding, ops
 from xla_gpu_ops.ops import KV_CACHE_UPDATE, PAGED_ATTENTION
@@ -48,12 +48,6 @@ def log_dir() -> Path:
     path = artifacts_root() / "sharding"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def results_of(log: str) -> dict:
-    lines = [line for line in log.splitlines() if line.startswith("RESULTS ")]
-    assert len(lines) == 1, log[-4000:]
-    return json.loads(lines[0].removeprefix("RESULTS "))
 
 
 def ok(results: dict, name: str, seed: int) -> dict:
@@ -230,11 +224,12 @@ def test_jax_mesh_of_one_device_is_the_plain_call():
 
 # ------------------------------------------------------------------------------- 4 devices: JAX
 JAX_SCRIPT = r"""
-import functools, json, sys, traceback
+import functools, json, sys
 sys.path.insert(0, TESTS_DIR)
 import jax, jax.numpy as jnp, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import paged_inputs
+from subprocess_python import recorder
 from xla_gpu_ops import head_sharding, hlo, sharding
 from xla_gpu_ops import jax as xgo_jax
 from xla_gpu_ops.ops import KV_CACHE_UPDATE as CACHE_OP
@@ -242,14 +237,7 @@ from xla_gpu_ops.ops import PAGED_ATTENTION as OP
 
 results = {"devices": len(jax.devices())}
 TARGET = OP.ffi_target
-
-
-def record(name, fn):
-    try:
-        results[name] = fn()
-    except Exception as error:
-        results[name] = {"error": f"{type(error).__name__}: {error}"[-3000:],
-                         "trace": traceback.format_exc()[-3000:]}
+record = recorder(results)
 
 
 def to_jax(t):
@@ -614,12 +602,13 @@ def test_torchax_route(jax_results):
 
 # ------------------------------------------------------------------------------- torch_xla
 TORCH_XLA_SCRIPT = r"""
-import glob, json, os, sys, traceback
+import glob, json, os, sys
 sys.path.insert(0, TESTS_DIR)
 import numpy as np, torch
 import torch_xla, torch_xla.runtime as xr, torch_xla.core.xla_model as xm
 import torch_xla.distributed.spmd as xs
 import paged_inputs
+from subprocess_python import recorder
 from xla_gpu_ops import head_sharding, hlo, reference, torch_xla_sharding
 from xla_gpu_ops import torch_xla as xgo_torch_xla
 from xla_gpu_ops.ops import PAGED_ATTENTION as OP
@@ -629,13 +618,7 @@ results = {"devices": xr.global_runtime_device_count()}
 mesh = xs.Mesh(np.arange(4), (4,), ("heads",))
 device = torch_xla.device()
 
-
-def record(name, fn):
-    try:
-        results[name] = fn()
-    except Exception as error:
-        results[name] = {"error": f"{type(error).__name__}: {error}"[-3000:],
-                         "trace": traceback.format_exc()[-3000:]}
+record = recorder(results)
 
 
 def optimized_since(before):

@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from subprocess_python import assert_lines_in_order, run_python
+from subprocess_python import assert_lines_in_order, results_of, run_python
 
 from xla_gpu_ops import _library, torch_xla_plugin, xla_cuda
 from xla_gpu_ops.ops import OPS
@@ -57,11 +57,6 @@ def cuda_visible() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def results_of(log: str) -> dict:
-    (line,) = [line for line in log.splitlines() if line.startswith("RESULTS ")]
-    return json.loads(line.removeprefix("RESULTS "))
 
 
 # ---------------------------------------------------------------------------- no GPU, any stack

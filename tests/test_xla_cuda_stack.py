@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 import pytest
-from subprocess_python import assert_lines_in_order, run_python
+from subprocess_python import assert_lines_in_order, results_of, run_python
 
 from xla_gpu_ops import ops
 
@@ -386,8 +386,7 @@ def test_ops_on_xla_cuda_lazy_and_openxla_dynamo(artifacts_dir):
     seed = int.from_bytes(os.urandom(4), "little")
     code = GPU_SCRIPT.format(tests_dir=str(TESTS_DIR), seed=seed)
     log = run_python(code, {"PJRT_DEVICE": "CPU"}, artifacts_dir / "xla_cuda_gpu.log")
-    (line,) = [line for line in log.splitlines() if line.startswith("RESULTS ")]
-    results = json.loads(line.removeprefix("RESULTS "))
+    results = results_of(log)
     (artifacts_dir / "results.json").write_text(json.dumps(results, indent=2))
     assert results["hardware"] == "CUDA", results
     assert results["targets"] == [op.legacy_target for op in ops.OPS]

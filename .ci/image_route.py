@@ -46,7 +46,6 @@ PROJECT = "xla-gpu-ops"  # compose.yaml's `name`
 RUNTIME_IMAGE = f"{PROJECT}:runtime"
 DEV_IMAGE = f"{PROJECT}:dev"
 LOCAL_BASE = f"{PROJECT}-base:bookworm"
-UV_CACHE_VOLUME = f"{PROJECT}_uv-cache"  # compose's uv-cache volume: downloads are shared
 # CI's command runs pytest twice: `tests` (default stack) and `xla_cuda` (torch_xla 2.7 stack).
 PYTEST_RUNS = 2
 PYTHON_PROBE_FILE = ROOT / "xla_gpu_ops" / "__init__.py"
@@ -78,7 +77,8 @@ class Route:
         self.made_images: list[str] = []
         self.failures: list[str] = []
         self.peak_used = 0
-        self.start_used = shutil.disk_usage(self.scratch).used
+        start = shutil.disk_usage(self.scratch)
+        self.start_used, self.start_free = start.used, start.free
         self._sampling = True
         self._sampler = threading.Thread(target=self._sample_disk, daemon=True)
         owner = ROOT.stat()
@@ -264,13 +264,13 @@ class Route:
         ]
 
     def run_in_container(self) -> None:
-        """CI's command, the image's CMD, in a container of the runtime image (no bind mount)."""
+        """CI's command, the image's CMD, in a container of the runtime image (no bind mount, no
+        volume: what it downloads stays in the container and goes with it)."""
         started = time.monotonic()
         result = self.docker(
             "run", "--rm", "--network", "host", "-e", "JAX_PLATFORMS=cpu",
             "-v", "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro",
-            "-v", f"{UV_CACHE_VOLUME}:/home/dev/.cache/uv", RUNTIME_IMAGE,
-            check=False, log_to=self.scratch / "container.log",
+            RUNTIME_IMAGE, check=False, log_to=self.scratch / "container.log",
         )  # fmt: skip
         self.record_suite("in container", "container", "the image's CMD (CI's command)",
                           "CI's command", result, started)  # fmt: skip
@@ -383,7 +383,8 @@ class Route:
             self.docker("rm", "-f", *sorted(set(containers)), check=False, capture=True)
         volumes = self.docker("volume", "ls", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}",
                               check=False, capture=True).stdout.split()  # fmt: skip
-        self.docker("volume", "rm", "-f", UV_CACHE_VOLUME, *volumes, check=False, capture=True)
+        if volumes:
+            self.docker("volume", "rm", "-f", *volumes, check=False, capture=True)
         # the dev container CLI's own derived images (vsc-*), then ours
         derived = self.docker(
             "images", "-q", "--filter", "reference=vsc-*", check=False, capture=True
@@ -429,17 +430,20 @@ class Route:
         finally:
             self.cleanup()
         self.record["total time"] = f"{time.monotonic() - started:.0f} s"
-        self.record["peak disk (filesystem of /tmp, above the start)"] = (
-            f"{(self.peak_used - self.start_used) / 1e9:.1f} GB"
-        )
+        peak = self.peak_used - self.start_used
+        self.record["disk (filesystem of /tmp)"] = {
+            "free at the start": f"{self.start_free / 1e9:.1f} GB",
+            "peak use above the start": f"{peak / 1e9:.1f} GB",
+            "least free": f"{(self.start_free - peak) / 1e9:.1f} GB",
+        }
         self.record["result"] = "FAILED: " + "; ".join(self.failures) if self.failures else "ok"
         text = json.dumps(self.record, indent=2)
         print(text)
         if self.args.record:
             Path(self.args.record).parent.mkdir(parents=True, exist_ok=True)
             Path(self.args.record).write_text(text + "\n")
-        log(f"total {self.record['total time']}, peak disk {self.record['peak disk (filesystem of /tmp, above the start)']}, "
-            f"result {self.record['result']}")  # fmt: skip
+        log(f"total {self.record['total time']}, peak disk {peak / 1e9:.1f} GB of "
+            f"{self.start_free / 1e9:.1f} GB free, result {self.record['result']}")  # fmt: skip
         return 1 if self.failures else 0
 
 

@@ -121,41 +121,31 @@ def test_devcontainer_comments_are_accepted(repo_copy: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_unknown_nox_session_fails(repo_copy: Path) -> None:
-    replace_once(
-        repo_copy / "compose.yaml", "command: [nox, -s, hlo]", "command: [nox, -s, hlo-dumps]"
-    )
+@pytest.mark.parametrize(
+    ("path", "old", "new", "finding"),
+    [
+        pytest.param(
+            "compose.yaml", "command: [nox, -s, hlo]", "command: [nox, -s, hlo-dumps]",
+            "compose.yaml: calls nox session(s) ['hlo-dumps'] not defined in noxfile.py",
+            id="unknown-nox-session",
+        ),
+        pytest.param(
+            "compose.yaml", "command: [nox, -s, lint, tests, xla_cuda]", "command: [nox, -s, tests]",
+            "service 'tests' runs nox sessions [['tests']], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']",
+            id="compose-tests-service-is-not-ci",
+        ),
+        pytest.param(
+            "Dockerfile", 'CMD ["nox", "-s", "lint", "tests", "xla_cuda"]', 'CMD ["nox", "-s", "lint", "tests"]',
+            "Dockerfile: no CMD runs CI's command `nox -s lint tests xla_cuda`",
+            id="dockerfile-cmd-is-not-ci",
+        ),
+    ],
+)  # fmt: skip
+def test_container_file_drift_fails(repo_copy: Path, path, old, new, finding) -> None:
+    replace_once(repo_copy / path, old, new)
     result = run_checker(repo_copy)
     assert result.returncode == 1
-    assert (
-        "compose.yaml: calls nox session(s) ['hlo-dumps'] not defined in noxfile.py"
-        in result.stdout
-    )
-
-
-def test_compose_tests_service_must_match_ci(repo_copy: Path) -> None:
-    replace_once(
-        repo_copy / "compose.yaml",
-        "command: [nox, -s, lint, tests, xla_cuda]",
-        "command: [nox, -s, tests]",
-    )
-    result = run_checker(repo_copy)
-    assert result.returncode == 1
-    assert (
-        "service 'tests' runs nox sessions [['tests']], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']"
-        in result.stdout
-    )
-
-
-def test_dockerfile_cmd_must_be_ci_command(repo_copy: Path) -> None:
-    replace_once(
-        repo_copy / "Dockerfile",
-        'CMD ["nox", "-s", "lint", "tests", "xla_cuda"]',
-        'CMD ["nox", "-s", "lint", "tests"]',
-    )
-    result = run_checker(repo_copy)
-    assert result.returncode == 1
-    assert "Dockerfile: no CMD runs CI's command `nox -s lint tests xla_cuda`" in result.stdout
+    assert finding in result.stdout
 
 
 def test_docs_must_state_ci_command(repo_copy: Path) -> None:

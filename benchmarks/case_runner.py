@@ -8,6 +8,8 @@ outputs is caught and blamed.
 
 from __future__ import annotations
 
+import functools
+
 from benchmarks import ours
 from benchmarks.cases import ANCHOR
 from benchmarks.ceilings import free_memory
@@ -121,13 +123,8 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
                 continue
         if on_impl is not None:
             on_impl(spec.name)
-        try:
-            runner = spec.prepare(env, case, copies)
-        except P.NotApplicable as why:
-            entry.update(status="n/a", reason=str(why))
-            continue
-        except Exception as error:
-            entry.update(status="failed", reason=_short(error, 300))
+        runner = P.prepared(entry, functools.partial(spec.prepare, env, case, copies))
+        if runner is None:
             continue
         try:
             out = runner.output()

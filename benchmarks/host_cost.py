@@ -78,7 +78,7 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
     """{row: entry} with median / p10 / p90 µs of host time per call; never raises for a row."""
     from benchmarks.case_runner import _rel_l2
     from benchmarks.cases import build_inputs
-    from benchmarks.peers import NotApplicable, _canon
+    from benchmarks.peers import _canon, prepared
     from benchmarks.timing import _short, time_host_per_call
 
     inputs = build_inputs(case, env.device, seed=4242)
@@ -95,13 +95,8 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
             continue
         if on_impl is not None:
             on_impl(name)
-        try:
-            call = makers[name]()
-        except NotApplicable as why:
-            entry.update(status="n/a", reason=str(why))
-            continue
-        except Exception as error:
-            entry.update(status="failed", reason=_short(error, 300))
+        call = prepared(entry, makers[name])
+        if call is None:
             continue
         try:
             out = _canon(call())

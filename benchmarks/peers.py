@@ -47,6 +47,20 @@ class NotApplicable(Exception):
     pass
 
 
+def prepared(entry: dict, make: Callable[[], Any]) -> Any | None:
+    """make()'s result; None after marking the result row `entry` n/a (NotApplicable: the row
+    cannot run here) or failed (any other error, shortened)."""
+    from benchmarks.timing import _short
+
+    try:
+        return make()
+    except NotApplicable as why:
+        entry.update(status="n/a", reason=str(why))
+    except Exception as error:
+        entry.update(status="failed", reason=_short(error, 300))
+    return None
+
+
 @dataclass
 class Runner:
     """What the timers need. torch: `calls`, one per copy. jax: a chained program."""

@@ -25,6 +25,15 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative L2 error of `actual` against `expected`, in float64 on the CPU; inf when `actual`
+    holds a non-finite value, so every `< tolerance` check fails on it."""
+    actual, expected = actual.double().cpu(), expected.double().cpu()
+    if not torch.isfinite(actual).all():
+        return math.inf
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
 def fresh_seed() -> int:
     """A new seed per call (per test run); tests print it in failure messages to reproduce."""
     return int.from_bytes(os.urandom(4), "little")

@@ -12,7 +12,15 @@ import contextlib
 
 import pytest
 import torch
-from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
+from paged_inputs import (
+    DECODE,
+    MIXED,
+    PREFILL,
+    default_scale,
+    fresh_seed,
+    make_paged_inputs,
+    rel_l2,
+)
 
 from xla_gpu_ops import _library, reference
 
@@ -25,11 +33,6 @@ pytestmark = [
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 SPECS = {"decode": DECODE, "prefill": PREFILL, "mixed": MIXED}
-
-
-def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double().cpu(), expected.double().cpu()
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 def run_cuda(inputs: dict[str, torch.Tensor], **attrs) -> torch.Tensor:

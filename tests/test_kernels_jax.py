@@ -18,6 +18,7 @@ from paged_inputs import (
     default_scale,
     fresh_seed,
     make_paged_inputs,
+    rel_l2,
 )
 
 jax = pytest.importorskip("jax")
@@ -67,12 +68,6 @@ def to_torch(x: jax.Array) -> torch.Tensor:
 
 def jax_inputs(inputs: dict[str, torch.Tensor], device) -> list[jax.Array]:
     return [to_jax(inputs[name], device) for name in OPERANDS]
-
-
-def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
-    assert torch.isfinite(actual).all(), "non-finite values in the output"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 def check_against_reference(

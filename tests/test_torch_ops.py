@@ -10,19 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
+from paged_inputs import (
+    DECODE,
+    MIXED,
+    PREFILL,
+    default_scale,
+    fresh_seed,
+    make_paged_inputs,
+    rel_l2,
+)
 
 import xla_gpu_ops
 from xla_gpu_ops import reference
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 DEVICES = ["cpu", pytest.param("cuda", marks=[needs_cuda, pytest.mark.gpu])]
-
-
-def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double().cpu(), expected.double().cpu()
-    assert torch.isfinite(actual).all(), "non-finite values in the output"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 def inputs_on(inputs: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:

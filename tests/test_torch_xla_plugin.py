@@ -333,13 +333,7 @@ GPU_SCRIPT = """
     import torch_xla, torch_xla.core.xla_model as xm, torch_xla.runtime as xr
     import xla_gpu_ops
     from xla_gpu_ops import reference
-    from paged_inputs import MIXED, default_scale, make_paged_inputs
-
-    def rel_l2(actual, expected):
-        actual, expected = actual.double().cpu(), expected.double().cpu()
-        if not torch.isfinite(actual).all():
-            return float("inf")
-        return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+    from paged_inputs import MIXED, default_scale, make_paged_inputs, rel_l2
 
     def custom_calls(tensor):
         return [l.strip() for l in torch_xla._XLAC._get_xla_tensors_hlo([tensor]).splitlines()

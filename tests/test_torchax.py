@@ -12,7 +12,15 @@ import logging
 import numpy as np
 import pytest
 import torch
-from paged_inputs import DECODE, MIXED, PREFILL, default_scale, fresh_seed, make_paged_inputs
+from paged_inputs import (
+    DECODE,
+    MIXED,
+    PREFILL,
+    default_scale,
+    fresh_seed,
+    make_paged_inputs,
+    rel_l2,
+)
 
 from xla_gpu_ops import _library, reference
 from xla_gpu_ops.ops import PAGED_ATTENTION, SIMPLE_ADD
@@ -65,11 +73,6 @@ def to_torch64(x) -> torch.Tensor:
     if isinstance(x, torchax.tensor.Tensor):
         x = x.jax()
     return torch.from_numpy(np.array(x.astype(jnp.float32))).double()  # a writable copy
-
-
-def rel_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    assert torch.isfinite(actual).all(), "non-finite values in the output"
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
 CASES = {

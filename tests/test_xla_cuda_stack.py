@@ -335,13 +335,7 @@ GPU_SCRIPT = """
     import torch_xla, torch_xla.core.xla_model as xm
     import xla_gpu_ops
     from xla_gpu_ops import reference
-    from paged_inputs import MIXED, default_scale, make_paged_inputs
-
-    def rel_l2(actual, expected):
-        actual, expected = actual.double().cpu(), expected.double().cpu()
-        if not torch.isfinite(actual).all():
-            return float("inf")
-        return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+    from paged_inputs import MIXED, default_scale, make_paged_inputs, rel_l2
 
     device = torch_xla.device()
     results = {{"hardware": xm.xla_device_hw(device), "targets": xla_cuda.register_legacy_targets()}}

@@ -44,7 +44,9 @@ fi
 jax.__version__, jax.devices(), 'torchax', 'present' if u.find_spec('torchax') else 'absent')"
 } 2>&1 | tee "$out/device.txt"
 
-PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider -p no:benchmark)
+# -v: one line per test as it ends, so a run stopped by its time limit still names its failures;
+# -rfEs: the end summary lists failures and errors as well as skips (-rs alone hides them).
+PYTEST=(python3 -m pytest -v -rfEs -p no:cacheprovider -p no:benchmark)
 # CPU-only files: container lint (needs hadolint), the torch_xla 2.7 stack, the bench smoke run
 NOT_GPU=(--ignore=tests/test_bench_smoke.py --ignore=tests/test_container_lint.py
   --ignore=tests/test_xla_cuda_stack.py)

@@ -4,6 +4,8 @@ Usage: python .ci/image_route.py --compose PATH --devcontainer PATH [--record FI
 (run by `nox -s image`, which installs Compose v2 from locks/compose.txt and the dev container CLI
 from .ci/devcontainer-cli/package-lock.json, and passes their paths).
 
+0. Stops at once, saying so, when the scratch folder's filesystem has less free disk than the
+   route's measured peak (NEEDED_FREE_BYTES).
 1. A Docker daemon: the running one, else a private dockerd started here (--iptables=false
    --bridge=none: host networking, the machine's firewall and routing untouched; its own data
    root, exec root and socket under a temporary folder), stopped by pid at the end.
@@ -18,7 +20,8 @@ from .ci/devcontainer-cli/package-lock.json, and passes their paths).
    to a kernel source is seen inside; `nox -s build` there rebuilds just that object; an import
    sees the Python change; the image is unchanged. The edits are undone (content and mtime).
 7. Removes every container, volume and image it made (and the daemon's data when it started
-   one); prints the time, the image size and the peak disk use, and writes a record.
+   one); prints the time, the image size and the disk (free at the start, peak use, least free),
+   and writes a record.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
 summary=()
 for step in "${steps[@]}"; do
   case $step in
-    tests) timeout 420 "${PYTEST[@]}" tests/ "${NOT_GPU[@]}" -n 4 > "$out/tests.txt" 2>&1 ;;
+    tests) timeout 540 "${PYTEST[@]}" --durations=25 tests/ "${NOT_GPU[@]}" -n 8 > "$out/tests.txt" 2>&1 ;;
     kernels) timeout 300 "${PYTEST[@]}" tests/test_kernels_cuda.py -n 8 > "$out/kernels.txt" 2>&1 ;;
     frontends) timeout 300 "${PYTEST[@]}" -m "torchax or jax" tests/ -n 4 > "$out/frontends.txt" 2>&1 ;;
     examples)
@@ -70,13 +70,20 @@ for step in "${steps[@]}"; do
       done
       (exit $ok) ;;
     sanitizer)
+      # the two tools run side by side (each is bound by the host's instrumentation work)
+      sanitize() {
+        local rc=0
+        timeout 360 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+          "${PYTEST[@]}" tests/test_kernels_cuda.py -k "$SANITIZED" > "$out/sanitizer-$1.txt" 2>&1 || rc=1
+        timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+          "${PYTEST[@]}" tests/test_serving.py -k "$SANITIZED_SERVING" >> "$out/sanitizer-$1.txt" 2>&1 || rc=1
+        return $rc
+      }
+      sanitize memcheck & memcheck=$!
+      sanitize racecheck & racecheck=$!
       ok=0
-      for tool in memcheck racecheck; do
-        timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-          "${PYTEST[@]}" tests/test_kernels_cuda.py -k "$SANITIZED" > "$out/sanitizer-$tool.txt" 2>&1 || ok=1
-        timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-          "${PYTEST[@]}" tests/test_serving.py -k "$SANITIZED_SERVING" >> "$out/sanitizer-$tool.txt" 2>&1 || ok=1
-      done
+      wait $memcheck || ok=1
+      wait $racecheck || ok=1
       (exit $ok) ;;
     timing) timeout 300 python3 benchmarks/kernels_timing.py > "$out/timing.txt" 2>&1 ;;
     *) echo "gpu_check.sh: unknown step $step" >&2; false ;;

@@ -543,10 +543,11 @@ def test_jax_shard_map_errors(jax_results, name, message):
 @pytest.mark.jax
 def test_jax_partitioned_error_while_compiling(jax_results):
     """Under plain jit the split is known only to the partitioner: jax reports the ValueError
-    raised there as an XlaRuntimeError whose message carries it."""
+    raised there as a runtime error whose message carries it (jax 0.7 names it XlaRuntimeError,
+    later releases JaxRuntimeError)."""
     results, seed = jax_results
     got = ok(results, "error_partitioned", seed)
-    assert got["type"] == "XlaRuntimeError", got
+    assert got["type"] in ("XlaRuntimeError", "JaxRuntimeError"), got
     assert re.search(
         r"ValueError: paged_attention: kv_cache: 2 KV heads .* cannot be split over 4 devices of "
         r"mesh axis 'heads'",

@@ -16,7 +16,8 @@ KV heads split together on one mesh axis (rules and checks: `xla_gpu_ops.head_sh
 
 A head axis with more devices than KV heads, or a KV head count it does not divide, raises
 ValueError naming kv_cache (KV heads are never replicated); under plain jit the partitioner raises
-it while compiling and jax reports it as an XlaRuntimeError carrying that message. Attributes (`scale`, ... and any the
+it while compiling and jax reports it as a runtime error (XlaRuntimeError, or JaxRuntimeError
+in later jax) carrying that message. Attributes (`scale`, ... and any the
 op table adds) pass through unchanged; `torchax_paged_attention` is the same call for a PyTorch
 program under torchax. `kv_cache_update`, `partitioned_kv_cache_update` and
 `torchax_kv_cache_update` split the cache write the same way (new_kv by its combined heads), so
@@ -270,7 +271,7 @@ def partitioned_paged_attention(*args: Any, abi: str = "ffi", **kwargs):
     compiled program runs the op per device on its heads, with no all-gather. Same operands and
     attributes. When the inputs' head axis has more devices than KV heads or does not divide
     them, the partitioner raises ValueError naming kv_cache while compiling; jax reports it as
-    an XlaRuntimeError whose message ends with it."""
+    a runtime error (XlaRuntimeError; JaxRuntimeError in later jax) whose message ends with it."""
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
     return partitioned_call(op, operands, attrs, abi)

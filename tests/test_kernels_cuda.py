@@ -494,3 +494,94 @@ def test_sm90_and_mma_prefill_kernels_agree(head_dim):
         old = check_against_reference(inputs, torch.bfloat16, seed, scale=scale)
     assert rel_l2(new, old) < 1e-2, f"seed {seed}"
     assert not torch.equal(new, old), "both runs took the same kernel"
+
+
+# ---------------------------------------------------------------------------- fp8 KV cache
+# The cache holds K / k_scale and V / v_scale in float8_e4m3fn, as a serving engine stores it; the
+# kernels dequantise exactly (every e4m3 value is a 16-bit value), so the tolerances are the
+# 16-bit ones against the float64 reference, which dequantises the same bytes.
+FP8 = torch.float8_e4m3fn
+FP8_SCALES = {"k_scale": 0.02, "v_scale": 0.05}
+
+
+def with_fp8_cache(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    kv = inputs["kv_cache"].float()
+    kv[:, :, 0::2] /= FP8_SCALES["k_scale"]
+    kv[:, :, 1::2] /= FP8_SCALES["v_scale"]
+    return {**inputs, "kv_cache": kv.clamp(-448.0, 448.0).to(FP8)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_fp8_cache_dtypes_head_dims(dtype, head_dim, kind):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3)
+    check_against_reference(with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim),
+                            **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize(("sliding_window", "soft_cap"), [(7, None), (40, 2.0), (None, 5.0)])
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_fp8_cache_window_and_soft_cap(sliding_window, soft_cap, kind):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, torch.bfloat16, seed, shared_prefix=True)
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed, scale=0.3,
+                            sliding_window=sliding_window, soft_cap=soft_cap,
+                            **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 32])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(8, 1), (12, 4), (6, 6)])
+def test_fp8_cache_page_sizes_and_gqa(page_size, num_q_heads, num_kv_heads):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, num_q_heads, num_kv_heads, 128, page_size, torch.float16,
+                               seed, pad_tokens=2, extra_seqs=2)  # fmt: skip
+    check_against_reference(with_fp8_cache(inputs), torch.float16, seed,
+                            scale=default_scale(128), **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize("specs", [((1, 20_000), (1, 4_097), (3, 9_000)), ((700, 3000), (1, 5000))])
+def test_fp8_cache_long_context_split_kv(specs):
+    """KV splits and their merge, on decode tiles and on 64-row tiles."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(specs, 8, 2, 128, 16, torch.bfloat16, seed, pad_tokens=1)
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
+                            scale=default_scale(128), **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize("corruption", ["page_out_of_range", "context_too_long"])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_fp8_cache_bad_sequence_gets_nan_rows(corruption, kind):
+    """The self-checking decode tiles and the prep kernel before 64-row tiles guard fp8 too."""
+    seed = fresh_seed()
+    specs = (
+        ((2, 40), (1, 17), (3, 3), (1, 64)) if kind == "decode" else ((20, 40), (9, 17), (30, 64))
+    )
+    inputs = with_fp8_cache(make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed,
+                                              pad_tokens=2))  # fmt: skip
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64,
+                                         **FP8_SCALES)  # fmt: skip
+    bad = 1
+    if corruption == "page_out_of_range":
+        inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
+    else:
+        inputs["context_lens"][bad] = inputs["block_tables"].shape[1] * 16 + 1
+    out = run_cuda(inputs, scale=0.2, **FP8_SCALES)
+    _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
+
+
+def test_fp8_cache_agrees_with_the_host_handler():
+    """The same fp8 bytes through the CUDA kernels and the C++ host handler (the CPU op)."""
+    seed = fresh_seed()
+    inputs = with_fp8_cache(make_paged_inputs(MIXED, 8, 2, 128, 16, torch.bfloat16, seed))
+    on_host = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1, **FP8_SCALES)
+    assert rel_l2(run_cuda(inputs, scale=0.1, **FP8_SCALES), on_host) < 1e-2, f"seed {seed}"
+
+
+def test_fp8_cache_with_a_float32_query_is_refused_naming_the_host_paths():
+    inputs = with_fp8_cache(make_paged_inputs(DECODE, 8, 2, 64, 16, torch.float32, fresh_seed()))
+    with pytest.raises(
+        TypeError, match="kv_cache: float8_e4m3fn with a float32 query runs on the host"
+    ):
+        run_cuda(inputs, scale=0.1)

@@ -149,7 +149,54 @@ def test_fp8_query_is_rejected_naming_it():
         xla_gpu_ops.paged_attention(**inputs, scale=0.1)
 
 
-# ---------------------------------------------------------------------------- JAX (XLA:CPU)
+# ---------------------------------------------------------------------------- JAX
+def to_jax_arrays(inputs: dict, device) -> list:
+    """The tensors' values (fp8 through its bytes, bf16 through f32) as jax arrays on device."""
+    import jax
+    import jax.numpy as jnp
+
+    def to_jax(t):
+        if t.dtype == FP8:
+            return jnp.asarray(t.view(torch.uint8).numpy()).view(jnp.float8_e4m3fn)
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(t.numpy())
+
+    return [jax.device_put(to_jax(t), device) for t in inputs.values()]
+
+
+def jax_gpus() -> list:
+    if importlib.util.find_spec("jax") is None:
+        return []
+    import jax
+
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # no GPU platform
+        return []
+
+
+@needs_jax
+@pytest.mark.gpu
+@pytest.mark.skipif(not jax_gpus(), reason="needs a CUDA GPU visible to jax")
+def test_jax_gpu_fp8_attention_equals_the_host_handler():
+    """The same fp8 bytes through the CUDA handler and the XLA:CPU handler."""
+    import jax
+    import jax.numpy as jnp
+
+    from xla_gpu_ops import jax as xgo_jax
+
+    seed = fresh_seed()
+    inputs = fp8_case(seed)
+    attrs = {"scale": 0.1, "k_scale": 0.025, "v_scale": 0.5}
+    outs = [
+        np.array(xgo_jax.paged_attention(*to_jax_arrays(inputs, d), **attrs).astype(jnp.float32))
+        for d in (jax_gpus()[0], jax.devices("cpu")[0])
+    ]
+    error = np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1])
+    assert error < 1e-2, f"seed {seed}: {error}"
+
+
 @needs_jax
 def test_jax_host_handler_fp8_attention_and_cache_write():
     import jax
@@ -159,16 +206,8 @@ def test_jax_host_handler_fp8_attention_and_cache_write():
 
     seed = fresh_seed()
     inputs = fp8_case(seed)
-
-    def to_jax(t):
-        if t.dtype == FP8:
-            return jnp.asarray(t.view(torch.uint8).numpy()).view(jnp.float8_e4m3fn)
-        if t.dtype == torch.bfloat16:
-            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
-        return jnp.asarray(t.numpy())
-
     cpu = jax.devices("cpu")[0]
-    arrays = [jax.device_put(to_jax(t), cpu) for t in inputs.values()]
+    arrays = to_jax_arrays(inputs, cpu)
     out = xgo_jax.paged_attention(*arrays, scale=0.1, k_scale=0.025, v_scale=0.5)
     expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.5,
                                          compute_dtype=torch.float64)  # fmt: skip
@@ -178,8 +217,8 @@ def test_jax_host_handler_fp8_attention_and_cache_write():
 
     new_kv, slots, cache = cache_case(seed, torch.bfloat16, FP8, scale=300.0)
     expected_cache = loop_oracle(new_kv, slots, cache, 0.5, 4.0)
-    written = xgo_jax.kv_cache_update(to_jax(new_kv), to_jax(slots), to_jax(cache), k_scale=0.5,
-                                      v_scale=4.0)  # fmt: skip
+    operands = to_jax_arrays({"new_kv": new_kv, "slots": slots, "cache": cache}, cpu)
+    written = xgo_jax.kv_cache_update(*operands, k_scale=0.5, v_scale=4.0)
     assert np.array_equal(
         np.asarray(written).view(np.uint8), expected_cache.view(torch.uint8).numpy()
     )
@@ -346,14 +385,6 @@ def test_cuda_attention_scales():
                                       k_scale=2.0, v_scale=0.5).cpu()  # fmt: skip
     error = ((out.double() - expected).norm() / expected.norm()).item()
     assert error < 1e-2, f"seed {seed}: {error}"
-
-
-@needs_cuda
-@pytest.mark.gpu
-def test_cuda_fp8_cache_is_refused_naming_the_host_paths():
-    inputs = {k: t.cuda() for k, t in fp8_case(fresh_seed()).items()}
-    with pytest.raises(TypeError, match="kv_cache: float8_e4m3fn runs on the host"):
-        xla_gpu_ops.paged_attention(**inputs, scale=0.1)
 
 
 def compile_check() -> None:

@@ -4,6 +4,7 @@
 // shapes only, so the workspace size is known when a graph is traced.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -178,25 +179,41 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
   return XGO_OK;
 }
 
-// Runtime head_dim -> compile-time kernel, for the path the plan chose.
-template <typename T>
+// Runtime head_dim -> compile-time kernel, for the path the plan chose. KV: the cache's element
+// type (T, or fp8: decode and 64-row tiles at every head_dim).
+template <typename T, typename KV>
 int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
   const bool decode = plan.path == AttentionPath::kDecodeMma;
-#define XGO_LAUNCH_MMA(D, RW)                                                               \
-  return LaunchAttention(PagedAttentionMmaKernel<T, D, RW>, MmaConfig<D, RW>::kSmemBytes, plan, \
-                         params, stream, /*programmatic=*/RW == 1)
-  if (plan.path == AttentionPath::kPrefillMma || plan.path == AttentionPath::kPrefillSm90) {
-    return LaunchPrefillAttention<T>(plan, params, stream);
-  }
-  switch (params.head_dim) {
-    case 64:
-      XGO_LAUNCH_MMA(64, 1);
-    case 128:
-      XGO_LAUNCH_MMA(128, 1);
-    case 256:
-      if (!decode) XGO_LAUNCH_MMA(256, 4);
-      XGO_LAUNCH_MMA(256, 1);
+#define XGO_LAUNCH_MMA(D, RW)                                                                    \
+  return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                                  \
+                         MmaTileConfig<KV, D, RW>::kSmemBytes, plan, params, stream,             \
+                         /*programmatic=*/RW == 1)
+  if constexpr (IsFp8<KV>) {
+    switch (params.head_dim) {
+      case 64:
+        if (!decode) XGO_LAUNCH_MMA(64, 4);
+        XGO_LAUNCH_MMA(64, 1);
+      case 128:
+        if (!decode) XGO_LAUNCH_MMA(128, 4);
+        XGO_LAUNCH_MMA(128, 1);
+      case 256:
+        if (!decode) XGO_LAUNCH_MMA(256, 4);
+        XGO_LAUNCH_MMA(256, 1);
+    }
+  } else {
+    if (plan.path == AttentionPath::kPrefillMma || plan.path == AttentionPath::kPrefillSm90) {
+      return LaunchPrefillAttention<T>(plan, params, stream);
+    }
+    switch (params.head_dim) {
+      case 64:
+        XGO_LAUNCH_MMA(64, 1);
+      case 128:
+        XGO_LAUNCH_MMA(128, 1);
+      case 256:
+        if (!decode) XGO_LAUNCH_MMA(256, 4);
+        XGO_LAUNCH_MMA(256, 1);
+    }
   }
 #undef XGO_LAUNCH_MMA
   return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
@@ -223,8 +240,8 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
 // Prep -> attention -> (merge), except on the decode path: there the attention kernel checks its
 // own metadata (no prep launch on the critical path), then one fill-or-merge kernel writes
 // padding / NaN rows; both overlap their predecessor's tail through programmatic dependent
-// launch on sm_90+.
-template <typename T>
+// launch on sm_90+. KV: the cache's element type (T, or fp8 with a 16-bit T).
+template <typename T, typename KV>
 int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
                   cudaStream_t stream) {
   const bool self_checked = plan.path == AttentionPath::kDecodeMma;
@@ -240,7 +257,7 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
   if constexpr (IsFloat32<T>) {
     status = LaunchFma(plan, params, stream);
   } else {
-    status = LaunchMma<T>(plan, params, stream);
+    status = LaunchMma<T, KV>(plan, params, stream);
   }
   if (status != XGO_OK) return status;
   const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
@@ -294,11 +311,14 @@ int32_t ScaleRows(void* out, int64_t n, float v_scale, cudaStream_t stream) {
 }  // namespace
 
 int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
-  if (c.kv_dtype != c.dtype) {
+  // Describe admits kv_cache in query's dtype or fp8; the CUDA kernels read fp8 with 16-bit
+  // queries (the tensor-core kernels), the f32 kernel only an f32 cache.
+  if (c.kv_dtype != c.dtype && c.dtype == XGO_F32) {
     return Fail(XGO_INVALID_DTYPE,
-                "paged_attention: kv_cache: %s runs on the host (XLA:CPU) handler and the CPU "
-                "reference; the CUDA kernels take kv_cache in query's dtype (%s)",
-                DtypeText(c.kv_dtype).c_str(), DtypeText(c.dtype).c_str());
+                "paged_attention: kv_cache: %s with a float32 query runs on the host (XLA:CPU) "
+                "handler and the CPU reference; the CUDA kernels take an fp8 cache with float16 or "
+                "bfloat16 queries",
+                DtypeText(c.kv_dtype).c_str());
   }
   PagedAttentionPlan plan = MakePagedAttentionPlan(c);
   // The one device-dependent choice: prefill tiles on Hopper run the wgmma kernel.
@@ -357,7 +377,15 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.soft_cap = c.soft_cap;
   return DispatchCuda(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) {
     using T = typename decltype(type)::Type;
-    XGO_RETURN_IF_FAILED(LaunchAll<T>(plan, params, stream));
+    if constexpr (IsTensorCoreType<T>) {
+      if (plan.fp8_kv) {
+        XGO_RETURN_IF_FAILED((LaunchAll<T, __nv_fp8_e4m3>(plan, params, stream)));
+      } else {
+        XGO_RETURN_IF_FAILED((LaunchAll<T, T>(plan, params, stream)));
+      }
+    } else {
+      XGO_RETURN_IF_FAILED((LaunchAll<T, T>(plan, params, stream)));
+    }
     if (c.v_scale == 1.0f) return int32_t{XGO_OK};
     return ScaleRows<T>(buffers[kOut], c.num_tokens * c.num_q_heads * c.head_dim, c.v_scale,
                         stream);

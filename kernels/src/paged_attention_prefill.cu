@@ -217,7 +217,8 @@ int32_t Sm90PrefillAvailable(bool* available) {
 
 int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel) {
   *kernel = PrefillKernel::kMmaSync;
-  if (!plan.tensor_cores || plan.row_warps != 4) return XGO_OK;
+  // fp8 caches: only the mma.sync tile kernels dequantise (the plan's kRowsMma path).
+  if (!plan.tensor_cores || plan.row_warps != 4 || plan.fp8_kv) return XGO_OK;
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return XGO_OK;
   const int forced = ForcedPrefillKernel();
   if (forced == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;

@@ -115,6 +115,32 @@ __device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) 
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// 16 float8_e4m3fn values (one 16-byte chunk) -> 16 values of T (two 16-byte chunks: lo holds
+// elements 0-7, hi 8-15). Exact: every e4m3 value is a float16 and a bfloat16 value; NaN stays
+// NaN. One cvt per pair to float16 (native on sm_89+), and for bfloat16 two more steps via f32.
+template <typename T>
+__device__ __forceinline__ uint32_t Fp8PairTo(uint32_t pair);
+template <>
+__device__ __forceinline__ uint32_t Fp8PairTo<__half>(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+template <>
+__device__ __forceinline__ uint32_t Fp8PairTo<__nv_bfloat16>(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+template <typename T>
+__device__ __forceinline__ void Fp8x16To(const uint4& in, uint4& lo, uint4& hi) {
+  lo = make_uint4(Fp8PairTo<T>(in.x & 0xffffu), Fp8PairTo<T>(in.x >> 16),
+                  Fp8PairTo<T>(in.y & 0xffffu), Fp8PairTo<T>(in.y >> 16));
+  hi = make_uint4(Fp8PairTo<T>(in.z & 0xffffu), Fp8PairTo<T>(in.z >> 16),
+                  Fp8PairTo<T>(in.w & 0xffffu), Fp8PairTo<T>(in.w >> 16));
+}
+
 }  // namespace xgo
 
 #endif  // XLA_GPU_OPS_DEVICE_UTILS_CUH_

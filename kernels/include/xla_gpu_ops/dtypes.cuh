@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -34,6 +35,10 @@ inline constexpr bool IsFloat32 = std::is_same_v<T, float>;
 template <typename T>
 inline constexpr bool IsTensorCoreType =
     std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+// KV-cache element types read through the dequantisation scales (k_scale, v_scale).
+template <typename T>
+inline constexpr bool IsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
 
 template <typename Set, typename Fn>
 int32_t DispatchCuda(Set set, int32_t code, const char* what, Fn&& fn) {

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "xla_gpu_ops/device_utils.cuh"
+#include "xla_gpu_ops/dtypes.cuh"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 
 namespace xgo {
@@ -426,6 +427,9 @@ __device__ __forceinline__ int TileOffset(int row, int col) {
 // copy issue (Issue). Keys at or past key_end are zero-filled without reading global memory
 // (their block_tables entries may be unused), so masked V rows are finite.
 // kEvictFirst: K/V read once (decode), copied with the evict-first L2 policy.
+// An fp8 cache (IsFp8<T>) lands in plain [kBlockN][kD] byte tiles; Dequantize then writes this
+// thread's own chunks of them as 16-bit values into the tiles the mma.sync loop reads, so it
+// needs no barrier between its cp.async wait and the conversion.
 template <typename T, int kD, int kBlockN, int kLds, bool kEvictFirst = false>
 struct KvTileLoader {
   static constexpr int kChunk = 16 / sizeof(T);
@@ -433,6 +437,38 @@ struct KvTileLoader {
   static constexpr int kKeyStride = kThreads / kChunksPerRow;
   static constexpr int kKeys = kBlockN / kKeyStride;
   static_assert(kThreads % kChunksPerRow == 0 && kBlockN % kKeyStride == 0, "tile shape");
+
+  __device__ static __forceinline__ int Dst(int key_local, int col) {
+    if constexpr (IsFp8<T>) {
+      return key_local * kD + col;
+    } else {
+      return TileOffset<T, kD, kLds>(key_local, col);
+    }
+  }
+
+  // fp8 tiles s_k8 / s_v8 -> 16-bit tiles s_k / s_v (row stride kOutLds, TileOffset layout):
+  // exactly the chunks this thread issued.
+  template <typename Out, int kOutLds>
+  __device__ __forceinline__ void Dequantize(const T* s_k8, const T* s_v8, Out* s_k,
+                                             Out* s_v) const {
+    static_assert(IsFp8<T>, "only fp8 tiles are dequantised");
+    const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
+    const int col = (static_cast<int>(threadIdx.x) % kChunksPerRow) * kChunk;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+      const int key_local = key_local0 + i * kKeyStride;
+      const int src = Dst(key_local, col);
+      const int lo = TileOffset<Out, kD, kOutLds>(key_local, col);
+      const int hi = TileOffset<Out, kD, kOutLds>(key_local, col + 8);
+      uint4 k_lo, k_hi, v_lo, v_hi;
+      Fp8x16To<Out>(*reinterpret_cast<const uint4*>(s_k8 + src), k_lo, k_hi);
+      Fp8x16To<Out>(*reinterpret_cast<const uint4*>(s_v8 + src), v_lo, v_hi);
+      *reinterpret_cast<uint4*>(s_k + lo) = k_lo;
+      *reinterpret_cast<uint4*>(s_k + hi) = k_hi;
+      *reinterpret_cast<uint4*>(s_v + lo) = v_lo;
+      *reinterpret_cast<uint4*>(s_v + hi) = v_hi;
+    }
+  }
 
   int pages[kKeys];       // raw block_tables entries (-1 past key_end); checked in Issue
   bool bad_page = false;  // this thread issued a key whose page is outside [0, num_pages)
@@ -468,7 +504,7 @@ struct KvTileLoader {
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
       const T* src_k = valid ? head_base + slot * slot_stride : kv;
-      const int dst = TileOffset<T, kD, kLds>(key_local, col);
+      const int dst = Dst(key_local, col);
       if constexpr (kEvictFirst) {
         CpAsync16(s_k + dst, src_k, valid ? 16 : 0, policy);
         CpAsync16(s_v + dst, valid ? src_k + kD : kv, valid ? 16 : 0, policy);
@@ -565,14 +601,49 @@ struct MmaConfig {
                 "epilogue buffer must fit in the K/V buffers");
 };
 
+// fp8 caches (the same kernel, KV = __nv_fp8_e4m3): K/V stream through shared memory as fp8 in
+// kStages stages of plain [kBlockN][kD] byte tiles (half a 16-bit stage), and each tile is
+// dequantised once into a single 16-bit K/V tile pair in MmaConfig's layout, which the mma.sync
+// loop reads unchanged (k_scale and v_scale stay outside: logits and outputs are scaled).
+// Decode tiles keep 4 stages: 3 fp8 tiles in flight, and at D=128 the same 2 blocks/SM (100 KB)
+// as the 16-bit kernel.
+constexpr int kFp8DecodeStages = 4;
+template <int kD, int kRowWarps,
+          int kStagesOfTile = kRowWarps == 1 ? kFp8DecodeStages : kRowTileStages>
+struct MmaFp8Config : MmaConfig<kD, kRowWarps, kStagesOfTile> {
+  using Base = MmaConfig<kD, kRowWarps, kStagesOfTile>;
+  static constexpr size_t kTileBytes = static_cast<size_t>(Base::kBlockN) * Base::kLds * 2;
+  static constexpr size_t kFp8StageBytes = static_cast<size_t>(Base::kBlockN) * kD;  // K or V
+  // Q (its own rows, or borrowing the 16-bit K tile, which is not written before the loop),
+  // the 16-bit K and V tiles, then the fp8 stages of K and of V.
+  static constexpr size_t kSmemBytes = static_cast<size_t>(Base::kQSmemRows) * Base::kLds * 2 +
+                                       2 * kTileBytes + 2 * kStagesOfTile * kFp8StageBytes;
+  static_assert(static_cast<size_t>(64) * Base::kOutLds * 4 <=
+                    2 * kTileBytes + 2 * kStagesOfTile * kFp8StageBytes,
+                "epilogue buffer must fit in the K/V buffers");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+};
+
+// The shared-memory shape of a tile block: MmaConfig, or MmaFp8Config for an fp8 cache; by
+// default with the stage count of the kernel's tile kind.
+template <typename KV, int kRowWarps>
+inline constexpr int kTileStages =
+    kRowWarps != 1 ? kRowTileStages : (IsFp8<KV> ? kFp8DecodeStages : kDecodeStages);
+template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kRowWarps>>
+using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, kStages>,
+                                         MmaConfig<kD, kRowWarps, kStages>>;
+
 // One block's attention after FindTile (or FindShortTile), K/V in kStages stages of Cfg's shape.
 // kSelfCheck: no prep kernel ran, so the block checks the pages it reads and those no split reads
 // (PagesOutsideRangeBad). kEvictFirst: K/V are read once (decode tiles), copied with the
 // evict-first L2 policy.
-template <typename T, int kD, int kRowWarps, int kStages, bool kSelfCheck, bool kEvictFirst>
+// KV: the cache's element type, T's or fp8 (MmaFp8Config).
+template <typename T, int kD, int kRowWarps, int kStages, bool kSelfCheck, bool kEvictFirst,
+          typename KV = T>
 __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, const TileWork& w,
                                              unsigned char* smem_raw) {
-  using Cfg = MmaConfig<kD, kRowWarps, kStages>;
+  using Cfg = MmaTileConfig<KV, kD, kRowWarps, kStages>;
+  constexpr bool kDequantize = IsFp8<KV>;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kLds = Cfg::kLds;
@@ -584,11 +655,20 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   constexpr int kKeySteps = kKeysPerWarp / 16;
   constexpr bool kQInRegisters = Cfg::kQInRegisters;  // D=256 would not fit beside the accumulators
 
+  // 16-bit K/V: kStages stages of [kBlockN][kLds] each, the loop reads stage `step % kStages`.
+  // fp8: one 16-bit tile each (stride 0), and the fp8 stages behind them.
   constexpr int kStageElems = kBlockN * kLds;
-  T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;  // [kStages][kBlockN][kLds]
-  T* s_v = s_k + kStages * kStageElems;                              // [kStages][kBlockN][kLds]
+  constexpr int kComputeStride = kDequantize ? 0 : kStageElems;
+  constexpr int kComputeStages = kDequantize ? 1 : kStages;
+  T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;
+  T* s_v = s_k + kComputeStages * kStageElems;
+  constexpr int kCopyElems = kDequantize ? kBlockN * kD : kStageElems;
+  KV* s_k_copy = kDequantize ? reinterpret_cast<KV*>(s_v + kStageElems) : reinterpret_cast<KV*>(s_k);
+  KV* s_v_copy = kDequantize ? s_k_copy + kStages * kCopyElems : reinterpret_cast<KV*>(s_v);
   constexpr bool kQBorrowsK = Cfg::kQBorrowsK;
-  T* s_q = kQBorrowsK ? s_k + (kStages - 1) * kStageElems : reinterpret_cast<T*>(smem_raw);
+  T* s_q = !kQBorrowsK   ? reinterpret_cast<T*>(smem_raw)
+           : kDequantize ? s_k
+                         : s_k + (kStages - 1) * kStageElems;
   __shared__ float s_m[4][16], s_l[4][16];
 
   const int lane = threadIdx.x % 32;
@@ -602,14 +682,14 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   CpAsyncCommit();
   // Prologue: tiles tile_begin .. tile_begin + kStages - 2, one commit group each.
   // Decode tiles read each K/V byte once: evict-first (-2 us on the decode anchor, H200).
-  KvTileLoader<T, kD, kBlockN, kLds, kEvictFirst> loader;
+  KvTileLoader<KV, kD, kBlockN, kLds, kEvictFirst> loader;
   loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     const int tile = range.tile_begin + i;
     if (tile < range.tile_end) {
       const int key0 = range.key_base + tile * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k + i * kStageElems, s_v + i * kStageElems);
+      loader.Issue(p, w, key0, range.key_end, s_k_copy + i * kCopyElems, s_v_copy + i * kCopyElems);
       loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
     }
     CpAsyncCommit();
@@ -655,12 +735,16 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     if (ahead < range.tile_end) {
       const int ahead_stage = (step + kStages - 1) % kStages;
       const int key0 = range.key_base + ahead * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k + ahead_stage * kStageElems,
-                   s_v + ahead_stage * kStageElems);
+      loader.Issue(p, w, key0, range.key_end, s_k_copy + ahead_stage * kCopyElems,
+                   s_v_copy + ahead_stage * kCopyElems);
       loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
     }
     CpAsyncCommit();
     CpAsyncWait<kStages - 1>();
+    if constexpr (kDequantize) {  // this thread's own chunks: no barrier before it
+      loader.template Dequantize<T, kLds>(s_k_copy + stage * kCopyElems,
+                                          s_v_copy + stage * kCopyElems, s_k, s_v);
+    }
     __syncthreads();
     if (tile == range.tile_begin) RecordPhase(4);  // the first K/V tile has landed
     if constexpr (kQInRegisters && !kQBorrowsK) {
@@ -673,8 +757,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       }
     }
     if (warp_active) {
-      const T* k_tile = s_k + stage * kStageElems + wn * kKeysPerWarp * kLds;
-      const T* v_tile = s_v + stage * kStageElems + wn * kKeysPerWarp * kLds;
+      const T* k_tile = s_k + stage * kComputeStride + wn * kKeysPerWarp * kLds;
+      const T* v_tile = s_v + stage * kComputeStride + wn * kKeysPerWarp * kLds;
       float s[kScoreTiles][4];
 #pragma unroll
       for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -840,7 +924,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   RecordPhase(7);  // outputs stored (globaltimer)
 }
 
-template <typename T, int kD, int kRowWarps>
+// KV: the cache's element type (T, or __nv_fp8_e4m3 read through the scales).
+template <typename T, typename KV, int kD, int kRowWarps>
 __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
     PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
   // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
@@ -860,8 +945,11 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
     PoisonRows<T>(p, w);
     return;
   }
-  MmaTileBlock<T, kD, kRowWarps, MmaConfig<kD, kRowWarps>::kStages, kSelfCheck,
-               /*kEvictFirst=*/kSelfCheck>(p, w, smem_raw);
+  // fp8 tiles go without the evict-first hint: with it, ptxas 13.0 emitted the decode kernels'
+  // cp.async (LDGSTS) reading uniform registers that nothing wrote, an illegal instruction on an
+  // H100 (compute-sanitizer, 2026-11-23).
+  MmaTileBlock<T, kD, kRowWarps, kTileStages<KV, kRowWarps>, kSelfCheck,
+               /*kEvictFirst=*/kSelfCheck && !IsFp8<KV>, KV>(p, w, smem_raw);
 }
 
 // ---------------------------------------------------------------- 2b. f32 FMA kernel

@@ -51,7 +51,8 @@ enum class AttentionPath {
   kDecodeMma,   // f16/bf16, decode-like: self-checking mma.sync kernel -> fill or merge
   kPrefillMma,  // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
                 // region) -> merges
-  kRowsMma,     // f16/bf16, prefill-like, head_dim 256: prep -> 64-row mma.sync kernel -> merge
+  kRowsMma,     // f16/bf16, prefill-like, head_dim 256 or an fp8 cache: prep -> 64-row
+                // mma.sync kernel -> merge
   kPrefillSm90,  // f16/bf16, prefill-like, Hopper with sm_90a code: prep -> wgmma kernel (+ short
                  // region) -> merges; chosen at launch (PagedAttention::Launch)
 };
@@ -59,6 +60,8 @@ enum class AttentionPath {
 struct PagedAttentionPlan {
   AttentionPath path;
   bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
+  bool fp8_kv;             // float8_e4m3fn cache: the mma.sync tile kernels only (decode tiles,
+                           // 64-row tiles), which dequantise each K/V tile in shared memory
   int row_warps;           // warps stacked over query rows (tensor-core kernel: 1 or 4)
   int block_rows;          // query rows (token x head pairs) per block
   int heads_per_block;     // q heads of one kv head handled together (divides the group size)
@@ -81,6 +84,7 @@ inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) {
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
+  p.fp8_kv = c.kv_dtype == XGO_F8E4M3FN;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.
@@ -91,7 +95,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
   } else if (decode_like) {
     p.path = AttentionPath::kDecodeMma;
   } else {
-    p.path = c.head_dim <= 128 ? AttentionPath::kPrefillMma : AttentionPath::kRowsMma;
+    p.path = c.head_dim <= 128 && !p.fp8_kv ? AttentionPath::kPrefillMma : AttentionPath::kRowsMma;
   }
   p.block_rows = 16 * p.row_warps;
   int heads = 1;

@@ -175,10 +175,12 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
 
 // XLA_GPU_OPS_PREFILL_KERNEL, read once per process: "mma" keeps the mma.sync kernel; anything
 // else (or unset) lets ChoosePrefillKernel decide. xgo_debug_force_prefill_kernel overrides it.
-// Batches with a short region (mixed batches) stay on the mma.sync kernel, whose 128-thread
-// blocks share an SM with the short blocks: on the benchmark's mixed batch the wgmma kernel with
-// its own short blocks took 548 us against 366 us (H200, 2026-11-23). Tuning builds:
-// -DXGO_SM90_WITH_SHORT_REGION=1 runs mixed batches on the wgmma kernel.
+// Plans with a short region stay on the mma.sync kernel, whose 128-thread blocks share an SM with
+// the short blocks, unless they are mostly prefill (PagedAttentionPlan::mostly_prefill): on the
+// benchmark's mixed batch (54 tokens per sequence slot) the wgmma kernel with its own short
+// blocks took 560 us against 450 us, on its one-split causal prefills (2048-8192 tokens per slot)
+// 0.71-0.81x the mma.sync time (H100, 2026-11-23). Tuning builds: -DXGO_SM90_WITH_SHORT_REGION=1
+// runs every plan with a short region on the wgmma kernel.
 #ifndef XGO_SM90_WITH_SHORT_REGION
 #define XGO_SM90_WITH_SHORT_REGION 0
 #endif
@@ -222,9 +224,12 @@ int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, Prefil
   if (head_dim != 64 && head_dim != 128 && head_dim != 256) return XGO_OK;
   const int forced = ForcedPrefillKernel();
   if (forced == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
-  // Mixed batches stay on mma.sync unless the sm_90a kernel is forced (A/B probes, tests).
+  // Mixed batches stay on mma.sync unless mostly prefill or forced (A/B probes, tests).
   const bool forced_sm90 = forced == static_cast<int>(PrefillKernel::kSm90);
-  if (!XGO_SM90_WITH_SHORT_REGION && !forced_sm90 && plan.short_splits > 0) return XGO_OK;
+  if (!XGO_SM90_WITH_SHORT_REGION && !forced_sm90 && plan.short_splits > 0 &&
+      !plan.mostly_prefill) {
+    return XGO_OK;
+  }
   bool available = false;
   if (const int32_t status = Sm90PrefillAvailable(&available); status != XGO_OK) return status;
   if (available) *kernel = PrefillKernel::kSm90;

@@ -42,6 +42,10 @@ constexpr int kShortTargetBlocks = 4096;
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
 
+// Query tokens per sequence slot (num_tokens / max_num_seqs) from which a prefill-like batch
+// counts as mostly prefill: the benchmark's prefills have 2048-8192, its mixed batch 54.
+constexpr int64_t kMostlyPrefillTokens = 256;
+
 // Rows of a prefill tile (paged_attention_prefill.cuh asserts its PrefillConfig agrees).
 constexpr int kPrefillBlockRows = 128;
 
@@ -75,6 +79,9 @@ struct PagedAttentionPlan {
   // each (0: no short region), their parts indexed by sequence.
   int short_tokens;
   int short_splits;
+  // At least kMostlyPrefillTokens query tokens per sequence slot on average: few short
+  // sequences can be in the batch (ChoosePrefillKernel).
+  bool mostly_prefill;
   int64_t lse_offset, out_offset, short_order_offset, short_lse_offset, short_out_offset;
   int64_t workspace_elems;
 };
@@ -85,6 +92,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
   p.fp8_kv = c.kv_dtype == XGO_F8E4M3FN;
+  p.mostly_prefill = c.num_tokens >= kMostlyPrefillTokens * c.max_num_seqs;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.

@@ -170,7 +170,7 @@ def paged_attention(
     num_seqs int32 [1]. Returns out [T, Hq, D] in query's dtype; rows past
     query_start_loc[num_seqs] are zero. scale, sliding_window, soft_cap, k_scale and v_scale are
     static Python numbers (None turns the window and the cap off, and makes a scale 1); an fp8
-    kv_cache (float8_e4m3fn) runs on the XLA:CPU handler for now.
+    kv_cache (float8_e4m3fn) needs a float16 or bfloat16 query on CUDA (any query on XLA:CPU).
 
     abi="ffi" (default) calls the typed FFI target (CUDA or XLA:CPU); abi="legacy" calls the
     api_version 2 target, which exists for CUDA only.

@@ -255,8 +255,8 @@ def paged_attention(
 
     scale multiplies the logits; sliding_window (None: off) masks keys older than that many
     positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap). kv_cache
-    may be float8_e4m3fn (CPU and XLA:CPU for now: the CUDA kernels take query's dtype) with the
-    dequantisation scales k_scale (logits * k_scale) and v_scale (out * v_scale), None: 1.
+    may be float8_e4m3fn (on CUDA with a float16 or bfloat16 query) with the dequantisation
+    scales k_scale (logits * k_scale) and v_scale (out * v_scale), None: 1.
 
     Static checks (shapes, dtypes, attributes) always run and never sync. validate=True (or
     XLA_GPU_OPS_VALIDATE=1 at import, when validate is None) also checks the metadata values on

@@ -4,7 +4,7 @@
 //
 //   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
 //   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype or
-//                   float8_e4m3fn (K even, V odd; fp8: host handler only for now)
+//                   float8_e4m3fn (K even, V odd; fp8 with an f32 query: host handler only)
 //   context_lens    int32 [max_num_seqs]
 //   block_tables    int32 [max_num_seqs, pages_per_seq]
 //   query_start_loc int32 [max_num_seqs + 1]

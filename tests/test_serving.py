@@ -13,7 +13,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from paged_inputs import MIXED, fresh_seed, make_cache_write_inputs, make_paged_inputs
+from paged_inputs import MIXED, fresh_seed, make_cache_write_inputs, make_paged_inputs, rel_l2
 
 import xla_gpu_ops
 from xla_gpu_ops import _library, ops, reference
@@ -278,6 +278,27 @@ def test_torchax_cache_write_updates_the_tensor_in_place():
     assert torch.equal(written, expected)
 
 
+@pytest.mark.torchax
+@pytest.mark.skipif(importlib.util.find_spec("torchax") is None, reason="needs torchax")
+def test_torchax_fp8_attention_equals_the_reference():
+    """fp8 attention through torchax on jax's default device (XLA:CPU here, CUDA on a GPU host)."""
+    import jax.numpy as jnp
+    import torchax
+
+    from xla_gpu_ops import torchax as xgo_torchax
+
+    xgo_torchax.register()
+    seed = fresh_seed()
+    inputs = fp8_case(seed)
+    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.5,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    with torchax.default_env():
+        operands = [t.to("jax") for t in inputs.values()]
+        out = torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)
+        actual = torch.from_numpy(np.array(out.jax().astype(jnp.float32)))
+    assert rel_l2(actual, expected) < 1e-2, f"seed {seed}"
+
+
 def torch_xla_version() -> tuple[int, int]:
     from xla_gpu_ops import torch_xla as binding
 
@@ -404,8 +425,27 @@ def compile_check() -> None:
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
 
 
-def test_torch_compile_keeps_the_in_place_write():
-    """In a fresh interpreter: torchax (imported by another test here) breaks dynamo."""
+def compile_fp8_check() -> None:
+    """torch.compile of an fp8-cache attention call equals the eager op and the reference, on
+    CUDA where present (the fp8 tile kernels), else on the CPU op."""
+    seed = fresh_seed()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = {k: t.to(device) for k, t in fp8_case(seed).items()}
+
+    def attend(*operands):
+        return torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)
+
+    eager = attend(*inputs.values())
+    compiled = torch.compile(attend, fullgraph=True)(*inputs.values())
+    assert torch.equal(compiled, eager), f"seed {seed}"
+    expected = reference.paged_attention(**fp8_case(seed), scale=0.1, k_scale=0.025, v_scale=0.5,
+                                         compute_dtype=torch.float64)  # fmt: skip
+    assert rel_l2(compiled.cpu(), expected) < 1e-2, f"seed {seed}"
+
+
+def run_in_fresh_interpreter(check: str) -> None:
+    """test_serving.<check>() in a fresh interpreter: torchax (imported by another test here)
+    breaks dynamo."""
     import subprocess
     import sys
     from pathlib import Path
@@ -413,13 +453,21 @@ def test_torch_compile_keeps_the_in_place_write():
     tests_dir = Path(__file__).parent
     script = (
         "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]];"
-        "import test_serving; test_serving.compile_check()"
+        f"import test_serving; test_serving.{check}()"
     )
     result = subprocess.run(
         [sys.executable, "-c", script, str(tests_dir), str(tests_dir.parent)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_torch_compile_fp8_attention():
+    run_in_fresh_interpreter("compile_fp8_check")
+
+
+def test_torch_compile_keeps_the_in_place_write():
+    run_in_fresh_interpreter("compile_check")
 
 
 # ---------------------------------------------------------------------------- edge cases

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from benchmarks import ours
-from benchmarks.cases import ANCHOR
+from benchmarks.cases import ANCHOR, rel_l2
 from benchmarks.ceilings import free_memory
 from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
 
@@ -19,16 +19,6 @@ from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
 # each group): FlashInfer, and SDPA (on contiguous K/V, else gathered per sequence).
 CROSS_CHECK_GROUPS = (("flashinfer_decode", "flashinfer_prefill"),
                       ("torch_sdpa_contiguous", "torch_gather_sdpa"))  # fmt: skip
-
-
-def _rel_l2(out, ref) -> float:
-    import torch
-
-    if out.shape != ref.shape:
-        raise ValueError(f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
-    if not torch.isfinite(out).all():
-        return float("nan")
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def _expected(case, first_copy, on_gpu: bool):
@@ -132,7 +122,7 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
                 expected = out  # the first implementation that ran is the yardstick
                 record["check_against"] = spec.name
             if expected is not out:
-                err = _rel_l2(out, expected)
+                err = rel_l2(out, expected)
                 entry["rel_l2_err"] = err
                 entry["check"] = "ok" if err <= _tolerance(case) else "MISMATCH"
             if spec.name in keep:
@@ -208,7 +198,7 @@ def cross_check(record: dict, outputs: dict, tolerance: float) -> dict:
             )
             result["against"][ran[0]] = {"check": "not run", "reason": str(why)[:200]}
             continue
-        err = _rel_l2(outputs[ours_name], outputs[peer])
+        err = rel_l2(outputs[ours_name], outputs[peer])
         result["against"][peer] = {"rel_l2_err": err,
                                    "check": "ok" if err <= tolerance else "MISMATCH"}  # fmt: skip
     return result

@@ -286,3 +286,16 @@ OPERANDS = ("query", "kv_cache", "context_lens", "block_tables", "query_start_lo
 
 def scale_of(case: Case) -> float:
     return 1.0 / math.sqrt(case.head_dim)
+
+
+def rel_l2(out, expected) -> float:
+    """Relative L2 error of an output against the expected one, in float64 (NaN if `out` holds a
+    non-finite value)."""
+    import torch
+
+    if out.shape != expected.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != expected {tuple(expected.shape)}")
+    out, expected = out.double(), expected.double()
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return float((out - expected).norm() / expected.norm().clamp_min(1e-30))

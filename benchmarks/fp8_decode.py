@@ -1,31 +1,33 @@
 """fp8 KV cache against a 16-bit one: decode on a GPU host, ours and FlashInfer's, one process.
 
-    python -m benchmarks.fp8_decode --out DIR [--cases NAME ...]
+    python -m benchmarks.fp8_decode --out DIR [--cases NAME ...] [--dtype bfloat16|float16]
 
-Per case (bf16 queries, page 16) the same random cache is held twice: in float8_e4m3fn (K / k_scale,
-V / v_scale; power-of-two scales) and in bfloat16 holding exactly the dequantised values, so both
-runs compute the same attention. Rows: our kernel on each cache and, where FlashInfer is installed,
+Per case (queries of --dtype, bfloat16 by default; page 16) the same random cache is held twice: in
+float8_e4m3fn (K / k_scale, V / v_scale; power-of-two scales) and in the query's dtype holding
+exactly the dequantised values, so both runs compute the same attention. Rows: our kernel on each cache and, where FlashInfer is installed,
 its tensor-core batch decode on each (kv_data_type float8_e4m3fn, run(k_scale, v_scale)). Times are
 CUDA-graph replays over 2 input copies (benchmarks/timing.py); the floor is the bytes of K and V
 (plus q and out) at the read bandwidth measured in the same process. Checks: our fp8 output
-against our bf16 output on the dequantised cache and against FlashInfer's fp8 output (relative
-L2). Targets of the serving issue: anchor fp8 time <= bf16 time / 1.8, and >= 0.9 of the fp8
-floor. Writes DIR/fp8_decode.json and prints a table.
+against our 16-bit output on the dequantised cache and against FlashInfer's fp8 output (relative
+L2). Targets of the serving issue: anchor fp8 time <= 16-bit time / 1.8, and >= 0.9 of the fp8
+floor. Writes DIR/fp8_decode.json (fp8_decode-float16.json for float16 queries) and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import environment, flashinfer_peer
-from benchmarks.cases import Case, build_inputs, decode_case
+from benchmarks.cases import Case, build_inputs, decode_case, rel_l2
 
 K_SCALE, V_SCALE = 2.0**-5, 2.0**-4
 SPEEDUP_TARGET, FLOOR_TARGET = 1.8, 0.9
+SHORT_NAMES = {"bfloat16": "bf16", "float16": "f16"}
 CASES = {
     c.name: c
     for c in (
@@ -39,7 +41,7 @@ CASES = {
 
 
 def fp8_copy(inputs: dict) -> tuple[dict, dict]:
-    """(fp8 inputs, bf16 inputs whose cache holds exactly the fp8 values times the scales)."""
+    """(fp8 inputs, 16-bit inputs whose cache holds exactly the fp8 values times the scales)."""
     import torch
 
     kv = inputs["kv_cache"].float()
@@ -47,15 +49,10 @@ def fp8_copy(inputs: dict) -> tuple[dict, dict]:
     kv[:, :, 1::2] /= V_SCALE
     fp8 = kv.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     del kv
-    exact = fp8.to(torch.bfloat16)
-    exact[:, :, 0::2] *= K_SCALE  # powers of two: exact in bfloat16
+    exact = fp8.to(inputs["query"].dtype)
+    exact[:, :, 0::2] *= K_SCALE  # powers of two: exact in 16 bits
     exact[:, :, 1::2] *= V_SCALE
     return {**inputs, "kv_cache": fp8}, {**inputs, "kv_cache": exact}
-
-
-def rel_l2(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
 
 
 def flashinfer_runner(case: Case, copies: list[dict], kv_dtype):
@@ -67,9 +64,9 @@ def flashinfer_runner(case: Case, copies: list[dict], kv_dtype):
     workspace = torch.zeros(flashinfer_peer.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
     wrapper.plan(indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, q_data_type=torch.bfloat16,
+                 case.head_dim, case.page_size, q_data_type=getattr(torch, case.dtype),
                  kv_data_type=kv_dtype, sm_scale=case.head_dim**-0.5)  # fmt: skip
-    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if kv_dtype != torch.bfloat16 else {}
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if kv_dtype == torch.float8_e4m3fn else {}
     calls = []
     for c in copies:
         kv = flashinfer_peer.kv_views(c["kv_cache"])
@@ -83,13 +80,13 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
 
     from benchmarks.timing import release_cached_memory, time_torch
 
-    fp8_copies, bf16_copies = [], []
+    fp8_copies, wide_copies = [], []
     metadata = None
     for seed in range(2):  # copies differ in q and KV; one page table (FlashInfer plans once)
         fp8, exact = fp8_copy(build_inputs(case, "cuda", seed, metadata))
         metadata = {k: v for k, v in fp8.items() if k not in ("query", "kv_cache")}
         fp8_copies.append(fp8)
-        bf16_copies.append(exact)
+        wide_copies.append(exact)
     release_cached_memory()
     scale = case.head_dim**-0.5
 
@@ -102,11 +99,12 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
     fp8_scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
     rows: dict[str, dict] = {}
     outputs = {}
-    for name, calls in (("ours_bf16", ours_calls(bf16_copies, {})),
+    wide = SHORT_NAMES[case.dtype]  # the 16-bit cache's rows: ours_bf16 / ours_f16, ...
+    for name, calls in ((f"ours_{wide}", ours_calls(wide_copies, {})),
                         ("ours_fp8", ours_calls(fp8_copies, fp8_scales))):  # fmt: skip
         outputs[name] = calls[0]().float()
         rows[name] = {"median_us": time_torch(calls, samples=samples).median_us}
-    for name, copies, kv_dtype in (("flashinfer_bf16", bf16_copies, torch.bfloat16),
+    for name, copies, kv_dtype in ((f"flashinfer_{wide}", wide_copies, getattr(torch, case.dtype)),
                                    ("flashinfer_fp8", fp8_copies, torch.float8_e4m3fn)):  # fmt: skip
         reason = flashinfer_peer.unavailable()
         if reason is not None:
@@ -123,26 +121,26 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
     kv_fp8 = kv_tokens * 2 * case.num_kv_heads * case.head_dim
     floors = {
         "fp8": (kv_fp8 + q_out) / read_gbps / 1e3,
-        "bf16": (2 * kv_fp8 + q_out) / read_gbps / 1e3,
+        wide: (2 * kv_fp8 + q_out) / read_gbps / 1e3,
     }
     for name, row in rows.items():
         if "median_us" in row:
             row["floor_fraction"] = floors[name.rsplit("_", 1)[1]] / row["median_us"]
-    checks = {"ours_fp8_vs_ours_bf16": rel_l2(outputs["ours_fp8"], outputs["ours_bf16"])}
+    checks = {f"ours_fp8_vs_ours_{wide}": rel_l2(outputs["ours_fp8"], outputs[f"ours_{wide}"])}
     if "flashinfer_fp8" in outputs:
         checks["ours_fp8_vs_flashinfer_fp8"] = rel_l2(
             outputs["ours_fp8"], outputs["flashinfer_fp8"]
         )
-    speedup = rows["ours_bf16"]["median_us"] / rows["ours_fp8"]["median_us"]
+    speedup = rows[f"ours_{wide}"]["median_us"] / rows["ours_fp8"]["median_us"]
     verdicts = {
         f"speedup >= {SPEEDUP_TARGET}": "met" if speedup >= SPEEDUP_TARGET else "MISSED",
         f"fp8 floor >= {FLOOR_TARGET}": "met"
         if rows["ours_fp8"]["floor_fraction"] >= FLOOR_TARGET
         else "MISSED",
     }
-    del fp8_copies, bf16_copies, outputs
+    del fp8_copies, wide_copies, outputs
     torch.cuda.empty_cache()
-    return {"case": case.name, "rows": rows, "fp8_speedup_over_bf16": speedup,
+    return {"case": case.name, "dtype": case.dtype, "rows": rows, "fp8_speedup": speedup,
             "floors_us": floors, "checks_rel_l2": checks, "verdicts": verdicts}  # fmt: skip
 
 
@@ -151,20 +149,24 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--dtype", choices=list(SHORT_NAMES), default="bfloat16",
+                        help="the queries' dtype, and the 16-bit cache's")  # fmt: skip
     args = parser.parse_args(argv)
     from benchmarks.ceilings import measure_ceilings
 
     environment.prepare_process(True)
     env = environment.collect_env(True)
     ceilings = measure_ceilings(True, args.samples)
-    results = {"env": env, "read_gbps": ceilings["read_gbps"], "k_scale": K_SCALE,
+    wide = SHORT_NAMES[args.dtype]
+    results = {"env": env, "dtype": args.dtype, "read_gbps": ceilings["read_gbps"], "k_scale": K_SCALE,
                "v_scale": V_SCALE, "flashinfer": flashinfer_peer.version(), "cases": []}  # fmt: skip
     print(f"read {ceilings['read_gbps']:.0f} GB/s; FlashInfer {results['flashinfer']}")
-    print("| case | ours bf16 µs | ours fp8 µs | fp8 / bf16 speed-up | fp8 floor frac | "
-          "FlashInfer bf16 µs | FlashInfer fp8 µs | rel L2 vs bf16 / FI | verdicts |")  # fmt: skip
+    print(f"| case | ours {wide} µs | ours fp8 µs | fp8 / {wide} speed-up | fp8 floor frac | "
+          f"FlashInfer {wide} µs | FlashInfer fp8 µs | rel L2 vs {wide} / FI | verdicts |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for name in args.cases:
-        r = run_case(CASES[name], ceilings["read_gbps"], args.samples)
+        case = dataclasses.replace(CASES[name], dtype=args.dtype)
+        r = run_case(case, ceilings["read_gbps"], args.samples)
         results["cases"].append(r)
         rows = r["rows"]
 
@@ -173,12 +175,15 @@ def main(argv=None) -> int:
 
         checks = " / ".join(f"{v:.1e}" for v in r["checks_rel_l2"].values())
         verdicts = "; ".join(f"{k} {v}" for k, v in r["verdicts"].items())
-        print(f"| {name} | {us(rows['ours_bf16'])} | {us(rows['ours_fp8'])} | "
-              f"{r['fp8_speedup_over_bf16']:.2f} | {rows['ours_fp8']['floor_fraction']:.2f} | "
-              f"{us(rows['flashinfer_bf16'])} | {us(rows['flashinfer_fp8'])} | {checks} | "
+        print(f"| {name} | {us(rows[f'ours_{wide}'])} | {us(rows['ours_fp8'])} | "
+              f"{r['fp8_speedup']:.2f} | {rows['ours_fp8']['floor_fraction']:.2f} | "
+              f"{us(rows[f'flashinfer_{wide}'])} | {us(rows['flashinfer_fp8'])} | {checks} | "
               f"{verdicts} |")  # fmt: skip
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fp8_decode.json").write_text(json.dumps(results, indent=1, default=str))
+        suffix = "" if args.dtype == "bfloat16" else f"-{args.dtype}"
+        (args.out / f"fp8_decode{suffix}.json").write_text(
+            json.dumps(results, indent=1, default=str)
+        )
     for r in results["cases"]:
         for name, row in r["rows"].items():
             if "skipped" in row:

@@ -76,8 +76,7 @@ def _makers(env, case, inputs: dict) -> dict:
 def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | None = None,
                       skip_impls: frozenset[str] = frozenset()) -> dict:  # fmt: skip
     """{row: entry} with median / p10 / p90 µs of host time per call; never raises for a row."""
-    from benchmarks.case_runner import _rel_l2
-    from benchmarks.cases import build_inputs
+    from benchmarks.cases import build_inputs, rel_l2
     from benchmarks.peers import _canon, prepared
     from benchmarks.timing import _short, time_host_per_call
 
@@ -103,7 +102,7 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
             if expected is None:
                 expected = out
             else:
-                entry["rel_l2_err"] = _rel_l2(out, expected)
+                entry["rel_l2_err"] = rel_l2(out, expected)
                 entry["check"] = "ok" if entry["rel_l2_err"] <= 2e-2 else "MISMATCH"
             timing = time_host_per_call(call, samples=samples)
             entry.update(status="ok", median_us=timing.median_us, p10_us=timing.quantile(0.1),

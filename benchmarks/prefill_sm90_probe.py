@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 import xla_gpu_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
-from benchmarks.cases import OPERANDS, Case, build_inputs, mixed_case, scale_of
+from benchmarks.cases import OPERANDS, Case, build_inputs, mixed_case, rel_l2, scale_of
 from xla_gpu_ops import _library
 
 SAMPLES = 15  # timed graph replays per path
@@ -84,11 +84,6 @@ def reference_rows(c: dict, case: Case, seq: int, first: int, ctx: int, rows: li
     pos = (ctx - q_len + idx)[:, None]
     logits = logits.masked_fill(torch.arange(ctx, device=kv.device)[None, :] > pos, -math.inf)
     return torch.einsum("hrk,khd->rhd", torch.softmax(logits, dim=-1), v)
-
-
-def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def accuracy(c: dict, case: Case, outs: dict) -> dict:

@@ -571,6 +571,53 @@ def test_fp8_cache_bad_sequence_gets_nan_rows(corruption, kind):
     _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_fp8_cache_every_byte_value_comes_out_exactly(dtype, head_dim, kind):
+    """One-key sequences have softmax weight exactly 1, so each of their output rows is V's row,
+    dequantised: all 256 e4m3 bytes (subnormals, both zeros and NaN included) must come out as
+    themselves. kind "prefill" adds a long sequence, so 64-row tiles convert the same bytes."""
+    seed = fresh_seed()
+    num_kv_heads = 2
+    per_seq = num_kv_heads * head_dim
+    num_one_key = max(2, -(-512 // per_seq))  # every byte value at least twice
+    specs = ((1, 1),) * num_one_key + (((200, 200),) if kind == "prefill" else ())
+    inputs = with_fp8_cache(make_paged_inputs(specs, 4, num_kv_heads, head_dim, 16, dtype, seed))
+    cache_bytes = inputs["kv_cache"].view(torch.uint8)
+    pages = inputs["block_tables"][:num_one_key, 0].long()
+    assert len(set(pages.tolist())) == num_one_key
+    values = torch.arange(num_one_key * per_seq, dtype=torch.int64).remainder(256).to(torch.uint8)
+    cache_bytes[pages, 0, 1::2, :] = values.view(num_one_key, num_kv_heads, head_dim)
+    out = run_cuda(inputs, scale=default_scale(head_dim), k_scale=1.0, v_scale=1.0)
+    rows = inputs["query_start_loc"][:num_one_key].long()  # the one-key sequences' tokens
+    expected = values.view(torch.float8_e4m3fn).to(dtype).view(num_one_key, num_kv_heads, 1, -1)
+    expected = expected.expand(-1, -1, 2, -1).reshape(num_one_key, 4, head_dim)  # 2 q heads each
+    got = out[rows]
+    assert torch.equal(got.isnan(), expected.isnan()), f"seed {seed}"
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num()), f"seed {seed}"
+
+
+@pytest.mark.parametrize("part", ["key", "value"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_fp8_cache_nan_stays_nan(part, dtype, kind):
+    """A NaN byte at key 0 of kv head 0 in sequence 0 (a key every row of that sequence sees):
+    as in the reference, a NaN key poisons those rows and a NaN value its column; the rest is
+    untouched."""
+    seed = fresh_seed()
+    inputs = with_fp8_cache(make_paged_inputs(SPECS[kind], 8, 2, 128, 16, dtype, seed))
+    page = int(inputs["block_tables"][0, 0])
+    inputs["kv_cache"].view(torch.uint8)[page, 0, 0 if part == "key" else 1, 5] = 0x7F
+    expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64,
+                                         **FP8_SCALES)  # fmt: skip
+    out = run_cuda(inputs, scale=0.1, **FP8_SCALES)
+    assert expected.isnan().any()
+    assert torch.equal(out.isnan(), expected.isnan()), f"seed {seed}"
+    finite = ~expected.isnan()
+    assert rel_l2(out[finite], expected[finite]) < TOLERANCE[dtype], f"seed {seed}"
+
+
 def test_fp8_cache_agrees_with_the_host_handler():
     """The same fp8 bytes through the CUDA kernels and the C++ host handler (the CPU op)."""
     seed = fresh_seed()

@@ -421,15 +421,26 @@ __device__ __forceinline__ int TileOffset(int row, int col) {
   }
 }
 
+// Byte (row, col) of an fp8 [rows][kD] tile: 16-byte chunks XOR-swizzled so that the 8 rows one
+// ldmatrix reads (the same chunk of each) fall in 8 different bank groups. Rows shorter than a
+// 128-byte line share one (D = 64: two rows), so the swizzle then follows the line.
+template <int kD>
+__device__ __forceinline__ int Fp8TileOffset(int row, int col) {
+  constexpr int kChunks = kD / 16;
+  constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;
+  const int swizzle = (row / kRowsPerLine) % (kChunks >= 8 ? 8 : kChunks);
+  return row * kD + (((col / 16) ^ swizzle) * 16) + col % 16;
+}
+
 // Copies tiles of kBlockN keys (K and V of one kv head) into shared memory. Each thread always
 // copies the same kKeys key rows of a tile (16-byte chunks); their page numbers are fetched one
 // tile ahead into registers (FetchPages) so the dependent block_tables load never stalls the
 // copy issue (Issue). Keys at or past key_end are zero-filled without reading global memory
 // (their block_tables entries may be unused), so masked V rows are finite.
 // kEvictFirst: K/V read once (decode), copied with the evict-first L2 policy.
-// An fp8 cache (IsFp8<T>) lands in plain [kBlockN][kD] byte tiles; Dequantize then writes this
-// thread's own chunks of them as 16-bit values into the tiles the mma.sync loop reads, so it
-// needs no barrier between its cp.async wait and the conversion.
+// An fp8 cache (IsFp8<T>) lands in [kBlockN][kD] byte tiles (Fp8TileOffset). Decode tiles convert
+// in registers after ldmatrix; 64-row tiles first Dequantize this thread's own chunks into the
+// 16-bit tiles the mma.sync loop reads (no barrier between its cp.async wait and the conversion).
 template <typename T, int kD, int kBlockN, int kLds, bool kEvictFirst = false>
 struct KvTileLoader {
   static constexpr int kChunk = 16 / sizeof(T);
@@ -440,7 +451,7 @@ struct KvTileLoader {
 
   __device__ static __forceinline__ int Dst(int key_local, int col) {
     if constexpr (IsFp8<T>) {
-      return key_local * kD + col;
+      return Fp8TileOffset<kD>(key_local, col);
     } else {
       return TileOffset<T, kD, kLds>(key_local, col);
     }
@@ -596,40 +607,110 @@ struct MmaConfig {
   // the measured cap stays; D=64 capped for 5 blocks spilled and was slower. Row tiles: the same
   // cap spilled 200 bytes and measured 955 us vs 887 us uncapped (H200), so no cap.
   static constexpr int kMinBlocks = kD > 128 || kRowWarps == 4 ? 1 : 3;
+  static constexpr bool kConvertInRegisters = false;  // fp8 only (MmaFp8Config)
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
                 "epilogue buffer must fit in the K/V buffers");
 };
 
 // fp8 caches (the same kernel, KV = __nv_fp8_e4m3): K/V stream through shared memory as fp8 in
-// kStages stages of plain [kBlockN][kD] byte tiles (half a 16-bit stage), and each tile is
-// dequantised once into a single 16-bit K/V tile pair in MmaConfig's layout, which the mma.sync
-// loop reads unchanged (k_scale and v_scale stay outside: logits and outputs are scaled).
-// Decode tiles keep 4 stages: 3 fp8 tiles in flight, and at D=128 the same 2 blocks/SM (100 KB)
-// as the 16-bit kernel.
-constexpr int kFp8DecodeStages = 4;
+// kStages stages of [kBlockN][kD] byte tiles (half a 16-bit stage; k_scale and v_scale stay
+// outside: logits and outputs are scaled).
+// Decode tiles (kConvertInRegisters) read the fp8 tiles with ldmatrix and convert each fragment in
+// registers (FP8 FRAGMENTS below): no 16-bit copy. 4 stages keep 3 fp8 tiles in flight; at D=128
+// 68 KB admit 3 blocks/SM, as many as the register cap. D=256: 3 stages (104 KB), 2 blocks/SM.
+// 64-row tiles: 4 warps read every key of a tile, so each tile is dequantised once into a single
+// 16-bit K/V tile pair in MmaConfig's layout, which the mma.sync loop reads unchanged.
+template <int kD>
+inline constexpr int kFp8DecodeStages = kD > 128 ? 3 : 4;
 template <int kD, int kRowWarps,
-          int kStagesOfTile = kRowWarps == 1 ? kFp8DecodeStages : kRowTileStages>
+          int kStagesOfTile = kRowWarps == 1 ? kFp8DecodeStages<kD> : kRowTileStages>
 struct MmaFp8Config : MmaConfig<kD, kRowWarps, kStagesOfTile> {
   using Base = MmaConfig<kD, kRowWarps, kStagesOfTile>;
+  static constexpr bool kConvertInRegisters = kRowWarps == 1;
   static constexpr size_t kTileBytes = static_cast<size_t>(Base::kBlockN) * Base::kLds * 2;
   static constexpr size_t kFp8StageBytes = static_cast<size_t>(Base::kBlockN) * kD;  // K or V
   // Q (its own rows, or borrowing the 16-bit K tile, which is not written before the loop),
-  // the 16-bit K and V tiles, then the fp8 stages of K and of V.
-  static constexpr size_t kSmemBytes = static_cast<size_t>(Base::kQSmemRows) * Base::kLds * 2 +
-                                       2 * kTileBytes + 2 * kStagesOfTile * kFp8StageBytes;
-  static_assert(static_cast<size_t>(64) * Base::kOutLds * 4 <=
-                    2 * kTileBytes + 2 * kStagesOfTile * kFp8StageBytes,
+  // the 16-bit K and V tiles (64-row tiles), then the fp8 stages of K and of V.
+  static constexpr size_t kKvBytes =
+      (kConvertInRegisters ? 0 : 2 * kTileBytes) + 2 * kStagesOfTile * kFp8StageBytes;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(Base::kQSmemRows) * Base::kLds * 2 + kKvBytes;
+  static_assert(static_cast<size_t>(64) * Base::kOutLds * 4 <= kKvBytes,
                 "epilogue buffer must fit in the K/V buffers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
+// ---- FP8 FRAGMENTS. ldmatrix reads an fp8 tile as b16 pairs; thread (g = lane / 4, t = lane % 4)
+// then holds 4 bytes per 8x8 matrix, and each byte pair becomes one T pair of an mma.sync operand.
+// K (not transposed): key g's bytes d = 4t .. 4t + 3 of a 16-byte chunk serve as the B operand's
+// k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1). The sum over d does not care about the order, so
+// Q's A operand is read in the same order of d (LoadQFp8Order).
+// V (transposed): keys 2t and 2t + 1 at bytes d = 2g and 2g + 1. Byte 2g feeds an output tile of
+// even columns, 2g + 1 one of odd columns: acc[2j] holds d = 16j + 4t + {0, 2}, acc[2j + 1]
+// d = 16j + 4t + {1, 3} (StoreAccFp8Order puts them back in order).
+template <typename T, int kD, int kLds>
+__device__ __forceinline__ void LoadQFp8Order(const T* s_q, int ks, int lane, uint32_t (&a)[4]) {
+  const int g = lane / 4, col = ks * 16 + 4 * (lane % 4);
+  const uint2 lo = *reinterpret_cast<const uint2*>(s_q + TileOffset<T, kD, kLds>(g, col));
+  const uint2 hi = *reinterpret_cast<const uint2*>(s_q + TileOffset<T, kD, kLds>(g + 8, col));
+  a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+}
+
+// s[0..1] += Q K^T for the 16 keys from `key0` of an fp8 tile (all kD dims).
+template <typename T, int kD, int kLds, bool kQInRegisters, typename KV>
+__device__ __forceinline__ void QkFp8(const KV* k_tile, int key0, const uint32_t (*q_frag)[4],
+                                      const T* s_q, int lane, float (&s)[2][4]) {
+  const int m = lane / 8;  // the matrix this lane addresses: keys +8 (m odd), next k-step (m >= 2)
+  const int row = key0 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ks += 2) {
+    uint32_t r[4];
+    LdMatrixX4(r, k_tile + Fp8TileOffset<kD>(row, (ks + m / 2) * 16));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t a[4];
+      if constexpr (kQInRegisters) {
+        a[0] = q_frag[ks + half][0], a[1] = q_frag[ks + half][1];
+        a[2] = q_frag[ks + half][2], a[3] = q_frag[ks + half][3];
+      } else {
+        LoadQFp8Order<T, kD, kLds>(s_q, ks + half, lane, a);
+      }
+      const uint32_t k_lo = r[2 * half], k_hi = r[2 * half + 1];  // keys 0-7, 8-15
+      Mma16816<T>(s[0], a, Fp8PairTo<T>(k_lo & 0xffffu), Fp8PairTo<T>(k_lo >> 16));
+      Mma16816<T>(s[1], a, Fp8PairTo<T>(k_hi & 0xffffu), Fp8PairTo<T>(k_hi >> 16));
+    }
+  }
+}
+
+// acc += P V for the 16 keys from `key0` of an fp8 tile; p: P in the A-operand layout.
+template <typename T, int kD, typename KV>
+__device__ __forceinline__ void PvFp8(const KV* v_tile, int key0, const uint32_t (&p)[4], int lane,
+                                      float (&acc)[kD / 8][4]) {
+  const int m = lane / 8;
+  const int row = key0 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int j = 0; j < kD / 16; j += 2) {
+    uint32_t r[4];
+    LdMatrixX4Trans(r, v_tile + Fp8TileOffset<kD>(row, (j + m / 2) * 16));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // bytes (key 2t: d 2g, 2g+1; key 2t+1: d 2g, 2g+1) -> (even d: keys 2t, 2t+1 | odd d: ...)
+      const uint32_t v_lo = __byte_perm(r[2 * half], 0, 0x3120);      // keys 0-7
+      const uint32_t v_hi = __byte_perm(r[2 * half + 1], 0, 0x3120);  // keys 8-15
+      const int even = 2 * (j + half);
+      Mma16816<T>(acc[even], p, Fp8PairTo<T>(v_lo & 0xffffu), Fp8PairTo<T>(v_hi & 0xffffu));
+      Mma16816<T>(acc[even + 1], p, Fp8PairTo<T>(v_lo >> 16), Fp8PairTo<T>(v_hi >> 16));
+    }
+  }
+}
+
 // The shared-memory shape of a tile block: MmaConfig, or MmaFp8Config for an fp8 cache; by
 // default with the stage count of the kernel's tile kind.
-template <typename KV, int kRowWarps>
+template <typename KV, int kD, int kRowWarps>
 inline constexpr int kTileStages =
-    kRowWarps != 1 ? kRowTileStages : (IsFp8<KV> ? kFp8DecodeStages : kDecodeStages);
-template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kRowWarps>>
+    kRowWarps != 1 ? kRowTileStages : (IsFp8<KV> ? kFp8DecodeStages<kD> : kDecodeStages);
+template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kD, kRowWarps>>
 using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, kStages>,
                                          MmaConfig<kD, kRowWarps, kStages>>;
 
@@ -643,7 +724,8 @@ template <typename T, int kD, int kRowWarps, int kStages, bool kSelfCheck, bool 
 __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, const TileWork& w,
                                              unsigned char* smem_raw) {
   using Cfg = MmaTileConfig<KV, kD, kRowWarps, kStages>;
-  constexpr bool kDequantize = IsFp8<KV>;
+  constexpr bool kFp8InRegisters = Cfg::kConvertInRegisters;
+  constexpr bool kDequantize = IsFp8<KV> && !kFp8InRegisters;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kLds = Cfg::kLds;
@@ -656,15 +738,16 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   constexpr bool kQInRegisters = Cfg::kQInRegisters;  // D=256 would not fit beside the accumulators
 
   // 16-bit K/V: kStages stages of [kBlockN][kLds] each, the loop reads stage `step % kStages`.
-  // fp8: one 16-bit tile each (stride 0), and the fp8 stages behind them.
+  // fp8, 64-row tiles: one 16-bit tile each (stride 0), and the fp8 stages behind them.
+  // fp8, decode tiles: only the fp8 stages (the loop reads them).
   constexpr int kStageElems = kBlockN * kLds;
   constexpr int kComputeStride = kDequantize ? 0 : kStageElems;
   constexpr int kComputeStages = kDequantize ? 1 : kStages;
   T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;
   T* s_v = s_k + kComputeStages * kStageElems;
-  constexpr int kCopyElems = kDequantize ? kBlockN * kD : kStageElems;
+  constexpr int kCopyElems = IsFp8<KV> ? kBlockN * kD : kStageElems;
   KV* s_k_copy = kDequantize ? reinterpret_cast<KV*>(s_v + kStageElems) : reinterpret_cast<KV*>(s_k);
-  KV* s_v_copy = kDequantize ? s_k_copy + kStages * kCopyElems : reinterpret_cast<KV*>(s_v);
+  KV* s_v_copy = IsFp8<KV> ? s_k_copy + kStages * kCopyElems : reinterpret_cast<KV*>(s_v);
   constexpr bool kQBorrowsK = Cfg::kQBorrowsK;
   T* s_q = !kQBorrowsK   ? reinterpret_cast<T*>(smem_raw)
            : kDequantize ? s_k
@@ -751,8 +834,12 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       if (tile == range.tile_begin) {  // Q's group is older than this tile's: it has landed
 #pragma unroll
         for (int ks = 0; ks < kDSteps; ++ks) {
-          LdMatrixX4(q_frag[ks], s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                              ks * 16 + (lane / 16) * 8));
+          if constexpr (kFp8InRegisters) {
+            LoadQFp8Order<T, kD, kLds>(s_q, ks, lane, q_frag[ks]);
+          } else {
+            LdMatrixX4(q_frag[ks], s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
+                                                                ks * 16 + (lane / 16) * 8));
+          }
         }
       }
     }
@@ -762,22 +849,28 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       float s[kScoreTiles][4];
 #pragma unroll
       for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      if constexpr (kFp8InRegisters) {
+        static_assert(kKeysPerWarp == 16 && kRowWarps == 1, "FP8 FRAGMENTS: one 16-row warp");
+        QkFp8<T, kD, kLds, kQInRegisters>(s_k_copy + stage * kCopyElems, wn * kKeysPerWarp,
+                                          q_frag, s_q, lane, s);
+      } else {
 #pragma unroll
-      for (int ks = 0; ks < kDSteps; ++ks) {
-        uint32_t a[4];
-        if constexpr (kQInRegisters) {
-          a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
-        } else {
-          LdMatrixX4(a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                      ks * 16 + (lane / 16) * 8));
-        }
+        for (int ks = 0; ks < kDSteps; ++ks) {
+          uint32_t a[4];
+          if constexpr (kQInRegisters) {
+            a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
+          } else {
+            LdMatrixX4(a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
+                                                        ks * 16 + (lane / 16) * 8));
+          }
 #pragma unroll
-        for (int np = 0; np < kScoreTiles / 2; ++np) {
-          uint32_t b[4];
-          LdMatrixX4(b, k_tile + TileOffset<T, kD, kLds>(np * 16 + (lane / 16) * 8 + lane % 8,
-                                                         ks * 16 + ((lane / 8) % 2) * 8));
-          Mma16816<T>(s[2 * np], a, b[0], b[1]);
-          Mma16816<T>(s[2 * np + 1], a, b[2], b[3]);
+          for (int np = 0; np < kScoreTiles / 2; ++np) {
+            uint32_t b[4];
+            LdMatrixX4(b, k_tile + TileOffset<T, kD, kLds>(np * 16 + (lane / 16) * 8 + lane % 8,
+                                                           ks * 16 + ((lane / 8) % 2) * 8));
+            Mma16816<T>(s[2 * np], a, b[0], b[1]);
+            Mma16816<T>(s[2 * np + 1], a, b[2], b[3]);
+          }
         }
       }
       // Masked logits (log2 domain), then the online-softmax update of both rows.
@@ -841,13 +934,17 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
         a[1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
         a[2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
         a[3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        if constexpr (kFp8InRegisters) {
+          PvFp8<T, kD>(s_v_copy + stage * kCopyElems, wn * kKeysPerWarp, a, lane, acc);
+        } else {
 #pragma unroll
-        for (int np = 0; np < kOutTiles / 2; ++np) {
-          uint32_t b[4];
-          const int v_row = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(v_row, np * 16 + (lane / 16) * 8));
-          Mma16816<T>(acc[2 * np], a, b[0], b[1]);
-          Mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+          for (int np = 0; np < kOutTiles / 2; ++np) {
+            uint32_t b[4];
+            const int v_row = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+            LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(v_row, np * 16 + (lane / 16) * 8));
+            Mma16816<T>(acc[2 * np], a, b[0], b[1]);
+            Mma16816<T>(acc[2 * np + 1], a, b[2], b[3]);
+          }
         }
       }
     }
@@ -874,13 +971,26 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
   }
   if (warp_active) {
+    if constexpr (kFp8InRegisters) {  // FP8 FRAGMENTS: acc[2j], acc[2j + 1] interleave
 #pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
+      for (int j = 0; j < kD / 16; ++j) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + i * 8 + 2 * (lane % 4);
-        dst[0] = acc[i][2 * h];
-        dst[1] = acc[i][2 * h + 1];
+        for (int h = 0; h < 2; ++h) {
+          float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + j * 16 + 4 * (lane % 4);
+          *reinterpret_cast<float4*>(dst) = make_float4(acc[2 * j][2 * h], acc[2 * j + 1][2 * h],
+                                                        acc[2 * j][2 * h + 1],
+                                                        acc[2 * j + 1][2 * h + 1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kOutTiles; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + i * 8 + 2 * (lane % 4);
+          dst[0] = acc[i][2 * h];
+          dst[1] = acc[i][2 * h + 1];
+        }
       }
     }
     if (lane % 4 == 0) {
@@ -948,7 +1058,7 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   // fp8 tiles go without the evict-first hint: with it, ptxas 13.0 emitted the decode kernels'
   // cp.async (LDGSTS) reading uniform registers that nothing wrote, an illegal instruction on an
   // H100 (compute-sanitizer, 2026-11-23).
-  MmaTileBlock<T, kD, kRowWarps, kTileStages<KV, kRowWarps>, kSelfCheck,
+  MmaTileBlock<T, kD, kRowWarps, kTileStages<KV, kD, kRowWarps>, kSelfCheck,
                /*kEvictFirst=*/kSelfCheck && !IsFp8<KV>, KV>(p, w, smem_raw);
 }
 

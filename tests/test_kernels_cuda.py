@@ -521,6 +521,25 @@ def test_fp8_cache_dtypes_head_dims(dtype, head_dim, kind):
                             **FP8_SCALES)  # fmt: skip
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_fp8_cache_bf16_queries_beyond_float16_range(head_dim, kind):
+    """Decode tiles compute bf16 queries against an fp8 cache in float16, each Q row scaled by a
+    power of two first: rows from 2^-70 to 2^70 (far outside float16's range), a row with one
+    element 2^40 above the rest, and zero rows must all match the float64 reference."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SPECS[kind], 8, 2, head_dim, 16, torch.bfloat16, seed)
+    query = inputs["query"].float()
+    powers = torch.tensor([-70.0, -30.0, 0.0, 12.0, 30.0, 70.0])
+    rows = query.shape[0] * query.shape[1]
+    query *= torch.exp2(powers[torch.arange(rows) % len(powers)]).view(*query.shape[:2], 1)
+    query[0, 1] = 0.0
+    query[0, 0, 3] = 2.0**40
+    inputs["query"] = query.to(torch.bfloat16)
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed, scale=0.1,
+                            **FP8_SCALES)  # fmt: skip
+
+
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(7, None), (40, 2.0), (None, 5.0)])
 @pytest.mark.parametrize("kind", ["decode", "mixed"])
 def test_fp8_cache_window_and_soft_cap(sliding_window, soft_cap, kind):

@@ -642,7 +642,8 @@ struct MmaFp8Config : MmaConfig<kD, kRowWarps, kStagesOfTile> {
 };
 
 // ---- FP8 FRAGMENTS. ldmatrix reads an fp8 tile as b16 pairs; thread (g = lane / 4, t = lane % 4)
-// then holds 4 bytes per 8x8 matrix, and each byte pair becomes one T pair of an mma.sync operand.
+// then holds 4 bytes per 8x8 matrix, and each byte pair becomes one float16 pair of an mma.sync
+// operand (bf16 queries too: ScaleQRowsToHalf).
 // K (not transposed): key g's bytes d = 4t .. 4t + 3 of a 16-byte chunk serve as the B operand's
 // k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1). The sum over d does not care about the order, so
 // Q's A operand is read in the same order of d (LoadQFp8Order).
@@ -655,6 +656,55 @@ __device__ __forceinline__ void LoadQFp8Order(const T* s_q, int ks, int lane, ui
   const uint2 lo = *reinterpret_cast<const uint2*>(s_q + TileOffset<T, kD, kLds>(g, col));
   const uint2 hi = *reinterpret_cast<const uint2*>(s_q + TileOffset<T, kD, kLds>(g + 8, col));
   a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+}
+
+// bf16 queries meet fp8 fragments as float16 (MmaTileBlock's kQToHalf): every e4m3 value is a
+// float16 value, so K and V take one cvt per pair instead of three steps to bf16, and float16
+// holds P in [0, 1] with more bits than bf16. First each Q row in shared memory is scaled in place
+// by the power of two that puts its largest |q| in [2^15, 2^16) and rounded to float16: exact for
+// bf16's 8 significant bits except for elements below 2^-29 of the row's largest, which float32
+// accumulation of the row's sum would not see either. The logits are scaled back (`s_unscale`).
+// kRows rows of kD, 128 threads: kThreadsPerRow neighbouring lanes share a row.
+template <int kD, int kLds, int kRows>
+__device__ __forceinline__ void ScaleQRowsToHalf(__nv_bfloat16* s_q, float* s_unscale) {
+  constexpr int kThreadsPerRow = 128 / kRows;
+  constexpr int kChunksPerThread = kD / 8 / kThreadsPerRow;  // 16-byte chunks of 8 elements
+  static_assert(kThreadsPerRow <= 32 && kChunksPerThread >= 1, "rows split within a warp");
+  const int row = threadIdx.x / kThreadsPerRow, part = threadIdx.x % kThreadsPerRow;
+  uint4 chunk[kChunksPerThread];
+  float amax = 0.0f;  // fmaxf skips NaN: a NaN element stays NaN after the scaling
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    const int col = (part + i * kThreadsPerRow) * 8;
+    chunk[i] = *reinterpret_cast<const uint4*>(s_q + TileOffset<__nv_bfloat16, kD, kLds>(row, col));
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&chunk[i]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+#pragma unroll
+  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  }
+  // amax = 1.m * 2^(biased - 127): shift = 15 - that exponent; inf keeps 1; zero and bf16
+  // subnormals take 2^126 (their inverse stays a float32 normal).
+  const int biased = static_cast<int>(__float_as_uint(amax) >> 23);
+  const int shift = biased == 0xff ? 0 : min(15 - (biased - 127), 126);
+  const float up = __uint_as_float(static_cast<uint32_t>(127 + shift) << 23);
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(&chunk[i]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+      w[j] = PackPair<__half>(f.x * up, f.y * up);
+    }
+    const int col = (part + i * kThreadsPerRow) * 8;
+    *reinterpret_cast<uint4*>(s_q + TileOffset<__nv_bfloat16, kD, kLds>(row, col)) = chunk[i];
+  }
+  if (part == 0) s_unscale[row] = __uint_as_float(static_cast<uint32_t>(127 - shift) << 23);
 }
 
 // s[0..1] += Q K^T for the 16 keys from `key0` of an fp8 tile (all kD dims).
@@ -726,6 +776,10 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   using Cfg = MmaTileConfig<KV, kD, kRowWarps, kStages>;
   constexpr bool kFp8InRegisters = Cfg::kConvertInRegisters;
   constexpr bool kDequantize = IsFp8<KV> && !kFp8InRegisters;
+  // The mma.sync operands' type: fp8 fragments are float16, also under bf16 queries, whose Q
+  // rows are scaled into float16 first (ScaleQRowsToHalf).
+  using TC = std::conditional_t<kFp8InRegisters, __half, T>;
+  constexpr bool kQToHalf = kFp8InRegisters && std::is_same_v<T, __nv_bfloat16>;
   constexpr int kKeyWarps = Cfg::kKeyWarps;
   constexpr int kBlockN = Cfg::kBlockN;
   constexpr int kLds = Cfg::kLds;
@@ -789,6 +843,19 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   }
   const bool warp_active = wm * 16 < w.rows;
 
+  // Q rows scaled into float16 (kQToHalf): their inverse factors, for this thread's two rows.
+  float q_unscale[2] = {1.0f, 1.0f};
+  if constexpr (kQToHalf) {
+    static_assert(kRowWarps == 1, "one 16-row warp per tile");
+    CpAsyncWait<kStages - 1>();  // the Q group
+    __syncthreads();
+    ScaleQRowsToHalf<kD, kLds, kBlockRows>(s_q, s_m[0]);  // s_m is free until the epilogue
+    __syncthreads();
+    q_unscale[0] = s_m[0][lane / 4];
+    q_unscale[1] = s_m[0][lane / 4 + 8];
+  }
+  const TC* s_q_compute = reinterpret_cast<const TC*>(s_q);
+
   uint32_t q_frag[kQInRegisters ? kDSteps : 1][4];
   if constexpr (kQBorrowsK) {
     CpAsyncWait<kStages - 1>();  // the Q group
@@ -835,7 +902,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 #pragma unroll
         for (int ks = 0; ks < kDSteps; ++ks) {
           if constexpr (kFp8InRegisters) {
-            LoadQFp8Order<T, kD, kLds>(s_q, ks, lane, q_frag[ks]);
+            LoadQFp8Order<TC, kD, kLds>(s_q_compute, ks, lane, q_frag[ks]);
           } else {
             LdMatrixX4(q_frag[ks], s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
                                                                 ks * 16 + (lane / 16) * 8));
@@ -851,8 +918,15 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
       if constexpr (kFp8InRegisters) {
         static_assert(kKeysPerWarp == 16 && kRowWarps == 1, "FP8 FRAGMENTS: one 16-row warp");
-        QkFp8<T, kD, kLds, kQInRegisters>(s_k_copy + stage * kCopyElems, wn * kKeysPerWarp,
-                                          q_frag, s_q, lane, s);
+        QkFp8<TC, kD, kLds, kQInRegisters>(s_k_copy + stage * kCopyElems, wn * kKeysPerWarp,
+                                           q_frag, s_q_compute, lane, s);
+        if constexpr (kQToHalf) {
+#pragma unroll
+          for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[i][e] *= q_unscale[e >> 1];
+          }
+        }
       } else {
 #pragma unroll
         for (int ks = 0; ks < kDSteps; ++ks) {
@@ -930,12 +1004,12 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
         uint32_t a[4];
-        a[0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        a[0] = PackPair<TC>(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = PackPair<TC>(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = PackPair<TC>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = PackPair<TC>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
         if constexpr (kFp8InRegisters) {
-          PvFp8<T, kD>(s_v_copy + stage * kCopyElems, wn * kKeysPerWarp, a, lane, acc);
+          PvFp8<TC, kD>(s_v_copy + stage * kCopyElems, wn * kKeysPerWarp, a, lane, acc);
         } else {
 #pragma unroll
           for (int np = 0; np < kOutTiles / 2; ++np) {

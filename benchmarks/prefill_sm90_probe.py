@@ -1,6 +1,7 @@
 """Hopper prefill probe: the sm_90a wgmma prefill kernel against the mma.sync one and torch SDPA.
 
-usage: python3 benchmarks/prefill_sm90_probe.py [OUT_DIR]      (from the repository root)
+usage: python3 benchmarks/prefill_sm90_probe.py [OUT_DIR] [--cases SUBSTRING] [--sm90-only]
+       (from the repository root)
 
 Needs a GPU, torch and the built library (xla_gpu_ops/_lib/libxla_gpu_ops.so or
 XLA_GPU_OPS_LIBRARY); nothing else. Cases: causal prefill B1 x 8k and B8 x 2k (Hq 32 / Hkv 8,
@@ -12,11 +13,14 @@ For each case, on the same random inputs:
   - time: both kernels (the library's test hook forces each in turn) and torch SDPA on contiguous
     K/V (uniform batches only), each captured in a CUDA graph of several calls; median over
     replays, per call.
-The compact table comes last; OUT_DIR (optional) receives prefill_sm90_probe.json.
+The compact table comes last; OUT_DIR (optional) receives prefill_sm90_probe.json. --cases keeps
+the cases whose name contains SUBSTRING (e.g. d128); --sm90-only times only the sm_90a kernel (a
+build variant against the default build: no mma.sync or SDPA column, accuracy against float32).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -165,20 +169,20 @@ def read_bandwidth_gbps() -> float:
 
 
 # ------------------------------------------------------------------------------ main
-def probe_case(case: Case, read_gbps: float) -> dict:
+def probe_case(case: Case, read_gbps: float, kernels: dict[str, int], with_sdpa: bool) -> dict:
     c = build_inputs(case, "cuda", seed=1)
     row = {"case": case.name, "flops": case.flops(), "bytes": case.bytes_needed()}
     outs = {}
-    for name, kernel in KERNELS.items():
+    for name, kernel in kernels.items():
         force_kernel(kernel)
         outs[name] = run_ours(c, case)
     torch.cuda.synchronize()
     row.update(accuracy(c, case, outs))
-    for name, kernel in KERNELS.items():
+    for name, kernel in kernels.items():
         force_kernel(kernel)
         row[f"{name}_us"] = graph_us(lambda: run_ours(c, case))
     force_kernel(-1)
-    sdpa = sdpa_call(c, case)
+    sdpa = sdpa_call(c, case) if with_sdpa else None
     row["sdpa_us"] = graph_us(sdpa) if sdpa is not None else None
     if case.kind == "mixed":
         row["floor_us"] = case.bytes_needed() / (read_gbps * 1e9) * 1e6
@@ -199,18 +203,32 @@ def table(rows: list[dict]) -> str:
         tf = {k: r["flops"] / (r[f"{k}_us"] * 1e6) if r.get(f"{k}_us") else None
               for k in ("sm90", "mma", "sdpa")}  # fmt: skip
         vs_sdpa = r["sdpa_us"] / r["sm90_us"] if r.get("sdpa_us") else None
+        mma_ratio = r["mma_us"] / r["sm90_us"] if r.get("mma_us") else None
         floor = r.get("floor_us")
-        floors = f"{floor / r['sm90_us']:.2f} / {floor / r['mma_us']:.2f}" if floor else "-"
+        floors = "-"
+        if floor:
+            mma_floor = floor / r["mma_us"] if r.get("mma_us") else None
+            floors = f"{floor / r['sm90_us']:.2f} / {fmt(mma_floor, '.2f')}"
+        errors = " / ".join(
+            fmt(r.get(k), ".1e") for k in ("sm90_vs_f32", "mma_vs_f32", "sm90_vs_mma")
+        )
         lines.append(
-            f"| {r['case']} | {r['sm90_us']:.1f} | {r['mma_us']:.1f} | {fmt(r['sdpa_us'], '.1f')} | "
-            f"{fmt(tf['sm90'], '.0f')} | {fmt(tf['mma'], '.0f')} | {fmt(tf['sdpa'], '.0f')} | "
-            f"{r['mma_us'] / r['sm90_us']:.2f} | {fmt(vs_sdpa, '.2f')} | {floors} | "
-            f"{r['sm90_vs_f32']:.1e} / {r['mma_vs_f32']:.1e} / {r['sm90_vs_mma']:.1e} |"
+            f"| {r['case']} | {r['sm90_us']:.1f} | {fmt(r.get('mma_us'), '.1f')} | "
+            f"{fmt(r['sdpa_us'], '.1f')} | {fmt(tf['sm90'], '.0f')} | {fmt(tf['mma'], '.0f')} | "
+            f"{fmt(tf['sdpa'], '.0f')} | {fmt(mma_ratio, '.2f')} | {fmt(vs_sdpa, '.2f')} | {floors} | "
+            f"{errors} |"
         )
     return "\n".join(lines)
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", type=Path, help="receives prefill_sm90_probe.json")
+    parser.add_argument("--cases", default="", help="keep the cases whose name contains this")
+    parser.add_argument("--sm90-only", action="store_true", help="time only the sm_90a kernel")
+    args = parser.parse_args()
+    kernels = {"sm90": KERNELS["sm90"]} if args.sm90_only else KERNELS
+    selected = [case for case in cases() if args.cases in case.name]
     if not torch.cuda.is_available():
         print("prefill_sm90_probe: needs a CUDA GPU")
         return 2
@@ -227,9 +245,9 @@ def main() -> int:
     read_gbps = read_bandwidth_gbps()
     print(f"read bandwidth {read_gbps:.0f} GB/s", flush=True)
     rows = []
-    for case in cases():
+    for case in selected:
         try:
-            row = probe_case(case, read_gbps)
+            row = probe_case(case, read_gbps, kernels, with_sdpa=not args.sm90_only)
             torch.cuda.empty_cache()  # this case's inputs are gone
         except Exception as error:  # report and go on: the other rows still count
             print(f"{case.name}: FAILED {type(error).__name__}: {error}", flush=True)
@@ -238,8 +256,9 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     bad = [r["case"] for r in rows
-           if not (r["sm90_finite"] and r["sm90_vs_f32"] < 1e-2 and r["sm90_vs_mma"] < 1e-2)]  # fmt: skip
-    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else None
+           if not (r["sm90_finite"] and r["sm90_vs_f32"] < 1e-2
+                   and r.get("sm90_vs_mma", 0.0) < 1e-2)]  # fmt: skip
+    out_dir = args.out_dir
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         record = {"device": header, "read_gbps": read_gbps, "rows": rows, "inaccurate": bad}
@@ -247,7 +266,7 @@ def main() -> int:
     print(f"\n{header}; read {read_gbps:.0f} GB/s; {time.time() - t0:.0f} s")
     print(table(rows))
     print("accuracy: " + ("all rows within 1e-2" if not bad else f"OUT OF TOLERANCE: {bad}"))
-    return 1 if bad or len(rows) < len(cases()) else 0
+    return 1 if bad or len(rows) < len(selected) else 0
 
 
 if __name__ == "__main__":

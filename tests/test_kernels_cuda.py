@@ -496,6 +496,34 @@ def test_sm90_and_mma_prefill_kernels_agree(head_dim):
     assert not torch.equal(new, old), "both runs took the same kernel"
 
 
+def _poison_unused_slots(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """NaN in every cache slot no live sequence's context covers: the tail of each last page and
+    the pages no sequence uses."""
+    kv = inputs["kv_cache"]
+    page_size = kv.shape[1]
+    used = torch.zeros(kv.shape[:2], dtype=torch.bool)
+    for i in range(int(inputs["num_seqs"][0])):
+        keys = torch.arange(int(inputs["context_lens"][i]))
+        pages = inputs["block_tables"][i, keys // page_size].long()
+        used[pages, keys % page_size] = True
+    return {**inputs, "kv_cache": kv.masked_fill(~used[:, :, None, None], float("nan"))}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("page_size", [8, 16, 32, 64, 128])
+def test_prefill_whole_page_reads_skip_poisoned_slots(head_dim, page_size):
+    """On Hopper the sm_90a kernel reads K/V pages whole (TMA boxes of a page, or of a tile of a
+    larger page) where the page size is a multiple of 8 that divides or is divided by the tile,
+    and gathers key by key (zero-filling) only the tiles that reach past the block's last key.
+    NaN in the slots past each context and in unused pages must not reach the output."""
+    seed = fresh_seed()
+    specs = ((300, 1000), (129, 129), (1, 77), (64, 200), (250, 250))
+    inputs = make_paged_inputs(specs, 32, 8, head_dim, page_size, torch.bfloat16, seed,
+                               pad_tokens=2)  # fmt: skip
+    check_against_reference(_poison_unused_slots(inputs), torch.bfloat16, seed,
+                            scale=default_scale(head_dim))  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- fp8 KV cache
 # The cache holds K / k_scale and V / v_scale in float8_e4m3fn, as a serving engine stores it; the
 # kernels dequantise exactly (every e4m3 value is a 16-bit value), so the tolerances are the

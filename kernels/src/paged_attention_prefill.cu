@@ -2,6 +2,8 @@
 // paged_attention_launch.cu calls it): the 128-row mma.sync kernel (paged_attention_prefill.cuh)
 // or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), chosen by ChoosePrefillKernel.
 // Internal (hidden visibility, the library default) apart from the xgo_debug_* test hooks.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -148,6 +150,56 @@ int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes, in
   return XGO_OK;
 }
 
+// The driver's cuTensorMapEncodeTiled through the runtime (the library links no libcuda);
+// nullptr where the driver does not offer it.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// The sm_90a kernel's K/V tensor map (Sm90KvTensorMap): boxes of one page, or of one tile where
+// pages are larger than a tile. Left with box_rows 0 (cp.async only) where the page size is not a
+// multiple of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile,
+// the cache is not 16-byte aligned, or the driver refuses: the kernel is correct either way.
+template <int kD>
+Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
+  constexpr int kN = Sm90PrefillConfig<kD>::kBlockN;
+  Sm90KvTensorMap kv_map{};
+  const int page_size = params.page_size;
+  const int rows = std::min(page_size, kN);
+  const bool tiles_fit = page_size > 0 && (kN % page_size == 0 || page_size % kN == 0);
+  const auto address = reinterpret_cast<uintptr_t>(params.kv_cache);
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (!XGO_SM90_KV_TMA || rows % 8 != 0 || !tiles_fit || address % 16 != 0 ||
+      params.num_pages <= 0 || encode == nullptr) {
+    return kv_map;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
+                              static_cast<cuuint64_t>(2 * params.num_kv_heads),
+                              static_cast<cuuint64_t>(params.num_pages) * page_size};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * 2,
+                                 static_cast<cuuint64_t>(2 * params.num_kv_heads) * kD * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult result =
+      encode(&kv_map.map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(params.kv_cache),
+             dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  kv_map.box_rows = result == CUDA_SUCCESS ? rows : 0;
+  return kv_map;
+}
+
 template <typename T, int kD>
 int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                 cudaStream_t stream) {
@@ -168,7 +220,8 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
       status != XGO_OK) {
     return status;
   }
-  kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid);
+  kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid,
+                                                         MakeSm90KvTensorMap<kD>(params));
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }

@@ -4,10 +4,12 @@
 // (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
 // One block = 3 warpgroups (384 threads), 128 query rows (tokens x the q heads of one kv head):
-//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): Q, then K and V tiles
-//     of kBlockN keys gathered through the page table with 16-byte cp.async into shared memory
-//     with the 128-byte swizzle wgmma descriptors read, kStages stages each, signalled through
-//     mbarriers (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): Q by cp.async, then K
+//     and V tiles of kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors
+//     read, signalled through mbarriers: whole pages by TMA (one box per page and 64-column
+//     block, Sm90KvTensorMap) where the page size allows, otherwise, and for the tiles that reach
+//     past the block's last key, gathered key by key through the page table with 16-byte
+//     cp.async (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
 //     [0, num_pages) are zero-filled, never read.
 //   warpgroups 1 and 2, consumers (224 registers, 232 at D = 256): 64 query rows each.
 //     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
@@ -24,6 +26,7 @@
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
 #define XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -41,13 +44,22 @@
 // Build switches (docs/KERNELS.md, "Build switches"): FlashAttention-3's choices for paged K/V
 // loaded by cp.async, not yet swept on this kernel.
 #ifndef XGO_SM90_STAGES
-#define XGO_SM90_STAGES 2  // K and V stages each
+#define XGO_SM90_STAGES 2  // K stages at D <= 128 (D = 256: 2)
+#endif
+#ifndef XGO_SM90_V_STAGES
+#define XGO_SM90_V_STAGES XGO_SM90_STAGES  // V stages at D <= 128 (D = 256: 2)
 #endif
 #ifndef XGO_SM90_PINGPONG
 #define XGO_SM90_PINGPONG 1  // consumers take turns issuing wgmma (D <= 128)
 #endif
 #ifndef XGO_SM90_PROXY_FENCE
 #define XGO_SM90_PROXY_FENCE 1  // fence.proxy.async after each full barrier (see FenceProxyAsync)
+#endif
+#ifndef XGO_SM90_KV_TMA
+#define XGO_SM90_KV_TMA 1  // 0: every K/V tile by cp.async (the producer's gather), no tensor map
+#endif
+#ifndef XGO_SM90_LOAD_ONCE
+#define XGO_SM90_LOAD_ONCE 0  // 1: each stage filled once, then reused (compute-only bound; wrong output)
 #endif
 
 namespace xgo {
@@ -59,7 +71,8 @@ struct Sm90PrefillConfig {
   static constexpr int kBlockRows = 64 * kConsumers;
   // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
   static constexpr int kBlockN = kD > 128 ? 64 : 128;
-  static constexpr int kStages = XGO_SM90_STAGES;
+  static constexpr int kKStages = kD <= 128 ? XGO_SM90_STAGES : 2;
+  static constexpr int kVStages = kD <= 128 ? XGO_SM90_V_STAGES : 2;
   static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of a 16-bit row
   static constexpr int kRowsPerPass = 128 / kChunksPerRow;   // rows the producer copies per pass
   static constexpr int kScoreRegs = kBlockN / 2;             // S accumulators per thread
@@ -71,10 +84,10 @@ struct Sm90PrefillConfig {
   static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90Producer)
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
-  static constexpr int kVOffset = kKOffset + kStages * kTileBytes;
-  static constexpr int kSlotOffset = kVOffset + kStages * kTileBytes;
+  static constexpr int kVOffset = kKOffset + kKStages * kTileBytes;
+  static constexpr int kSlotOffset = kVOffset + kVStages * kTileBytes;
   static constexpr int kBarrierOffset = kSlotOffset + kSlotBuffers * kBlockN * 8;
-  static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K full/empty; V full/empty
+  static constexpr int kNumBarriers = 1 + 2 * (kKStages + kVStages);  // Q; K, V full/empty
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
   static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
@@ -111,14 +124,26 @@ struct Sm90PrefillConfig {
 // Barrier indices in the barrier array.
 struct Sm90Barriers {
   uint32_t base;  // shared address of barrier 0
-  int stages;
+  int k_stages, v_stages;
   __device__ __forceinline__ uint32_t QFull() const { return base; }
   __device__ __forceinline__ uint32_t KFull(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t KEmpty(int s) const { return base + 8 * (1 + stages + s); }
-  __device__ __forceinline__ uint32_t VFull(int s) const { return base + 8 * (1 + 2 * stages + s); }
-  __device__ __forceinline__ uint32_t VEmpty(int s) const {
-    return base + 8 * (1 + 3 * stages + s);
+  __device__ __forceinline__ uint32_t KEmpty(int s) const { return base + 8 * (1 + k_stages + s); }
+  __device__ __forceinline__ uint32_t VFull(int s) const {
+    return base + 8 * (1 + 2 * k_stages + s);
   }
+  __device__ __forceinline__ uint32_t VEmpty(int s) const {
+    return base + 8 * (1 + 2 * k_stages + v_stages + s);
+  }
+};
+
+// K/V through the tensor memory accelerator (TMA): the cache [P, page_size, 2 Hkv, D] as a 3-D
+// tensor (d, combined head, slot = page * page_size + row) read in boxes of 64 elements x 1 head x
+// box_rows slots with the 128-byte swizzle, i.e. one page (or one tile of a larger page) of one
+// 64-column block per copy. box_rows == 0: no tensor map (page size not a multiple of 8 that
+// divides or is divided by the tile, misaligned cache, no driver entry point), cp.async only.
+struct Sm90KvTensorMap {
+  CUtensorMap map;
+  int box_rows;
 };
 
 // Named barrier ids (0 is __syncthreads): the consumers' issue turns, and the producer warpgroup.
@@ -173,6 +198,24 @@ __device__ __forceinline__ void CpAsyncArriveNoInc(uint32_t bar) {
 }
 __device__ __forceinline__ void CpAsyncWaitAll() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+// The barrier's current phase also waits for `bytes` more bytes of bulk copies (no arrival).
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// One box of a 3-D tensor map into shared memory; completes `bytes` of the barrier's phase.
+// Coordinates outside the tensor read as zeros.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
 // proxy: after observing the data (the full barrier), order it before this thread's wgmma.
@@ -388,16 +431,35 @@ __device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t*
   }
 }
 
+// Rows [t, t + box_rows) of one K or V tile (thread t, t % box_rows == 0) by TMA: one box per
+// 64-column block, from cache slot `slot` of combined head `head`.
+template <int kD>
+__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int head,
+                                                 int slot, uint32_t tile, int t, uint32_t bar) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD * 2));
+#pragma unroll
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    TmaLoad3d(tile + cb * (Cfg::kBlockN * 128) + t * 128, &kv_map.map, cb * 64, head, slot, bar);
+  }
+}
+
 // Warpgroup 0: Q once, then per tile step: K of this step and V of the previous one (the
 // consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1} V_{i-1}).
 // Each thread owns one key of the tile for the page-table lookup (its page entry is loaded a tile
-// ahead) and writes the key's cache offset into a table in shared memory; after a warpgroup
-// barrier every thread copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass.
-// The tables rotate through 3 buffers: V of step i - 1 still reads table i - 1 while table i + 1
-// is written, and a thread writing table i + 2 has passed the barrier of step i + 1, which every
-// thread reaches only after its copies of step i (K_i, V_{i-1}).
+// ahead). A tile whose keys all lie before the block's end goes by TMA when the launch has a
+// tensor map: the threads that own a box's first key issue it (no per-row work); the others only
+// arrive. Any other tile (the last one or two of a block, or every tile without a tensor map) is
+// gathered by cp.async: every thread writes its key's cache offset into a table in shared memory
+// and, after a warpgroup barrier, copies chunk t % kChunksPerRow of rows t / kChunksPerRow +
+// k kRowsPerPass, zero-filling keys past the end. (Measured on an H100, B1 x 8k, D 128: with
+// cp.async alone the producer's per-row instructions bounded the kernel, 1445 us, against 989 us
+// with the loads removed.) The tables rotate through 3 buffers: V of step i - 1 still reads table
+// i - 1 while table i + 1 is written, and a thread writing table i + 2 has passed the barrier of
+// step i + 1, which every thread reaches only after its copies of step i (K_i, V_{i-1}).
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p, const TileWork& w,
+__device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
+                                             const Sm90KvTensorMap& kv_map, const TileWork& w,
                                              const KeyRange& range, unsigned char* smem,
                                              const Sm90Barriers& bars) {
   using Cfg = Sm90PrefillConfig<kD>;
@@ -427,46 +489,88 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p, cons
   const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
   int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
+  const uint32_t k_tiles = SharedAddress(smem + Cfg::kKOffset);
+  const uint32_t v_tiles = SharedAddress(smem + Cfg::kVOffset);
+  const bool tma = XGO_SM90_KV_TMA && kv_map.box_rows > 0;
+  const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
+  if (tma && t == 0) TmaPrefetchDescriptor(&kv_map.map);
   int key = range.key_base + range.tile_begin * kN + t;
   int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
+  int prev_slot = 0;        // the box's cache slot in the previous tile (its V goes now)
+  bool prev_tma = false;    // whether the previous tile went by TMA
 #pragma unroll 1
   for (int step = 0; step < num_tiles; ++step) {
     int64_t* table_now = slots + (step % Cfg::kSlotBuffers) * kN;
+    const int key0 = range.key_base + (range.tile_begin + step) * kN;
+    const bool tile_tma = tma && key0 + kN <= range.key_end;  // every key before the end
+    int slot = 0;
     if (t < kN) {
       // Keys at or past key_end (the block's causal end) and pages outside [0, num_pages) are
-      // zero-filled, never read (the prep kernel poisons sequences with such pages anyway).
+      // zero-filled, never read (the prep kernel poisons sequences with such pages anyway); for
+      // TMA such a page's box starts at a negative slot, outside the tensor: zeros.
       int64_t offset = -1;
+      slot = -kN;
       if (key < range.key_end && page >= 0 && page < p.num_pages) {
         const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-        offset = (static_cast<int64_t>(page) * p.page_size + in_page) *
-                 (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
+        slot = page * p.page_size + in_page;
+        offset = static_cast<int64_t>(slot) * (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
       }
       table_now[t] = offset;
       key += kN;
       page = key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
     }
     NamedBarrierSync(kSm90ProducerBarrier, 128);
-    const int stage = step % Cfg::kStages;
-    const uint32_t phase = (step / Cfg::kStages) & 1;
+    const int stage = step % Cfg::kKStages;
+    const uint32_t phase = (step / Cfg::kKStages) & 1;
     MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
-    Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
-                           row0, chunk);
+    if (!XGO_SM90_LOAD_ONCE || step < Cfg::kKStages) {
+      if (tile_tma) {
+        if (box_owner) {
+          Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
+                               bars.KFull(stage));
+        }
+      } else {
+        Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
+                               row0, chunk);
+      }
+    }
     CpAsyncArriveNoInc(bars.KFull(stage));
     if (step > 0) {
       const int prev = step - 1;
-      const int prev_stage = prev % Cfg::kStages;
-      const uint32_t prev_phase = (prev / Cfg::kStages) & 1;
+      const int prev_stage = prev % Cfg::kVStages;
+      const uint32_t prev_phase = (prev / Cfg::kVStages) & 1;
       MbarWait(bars.VEmpty(prev_stage), prev_phase ^ 1);
-      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
-                             smem + Cfg::kVOffset + prev_stage * Cfg::kTileBytes, row0, chunk);
+      if (!XGO_SM90_LOAD_ONCE || prev < Cfg::kVStages) {
+        if (prev_tma) {
+          if (box_owner) {
+            Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
+                                 v_tiles + prev_stage * Cfg::kTileBytes, t,
+                                 bars.VFull(prev_stage));
+          }
+        } else {
+          Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
+                                 smem + Cfg::kVOffset + prev_stage * Cfg::kTileBytes, row0, chunk);
+        }
+      }
       CpAsyncArriveNoInc(bars.VFull(prev_stage));
     }
+    prev_slot = slot;
+    prev_tma = tile_tma;
   }
   const int last = num_tiles - 1;
-  const int last_stage = last % Cfg::kStages;
-  MbarWait(bars.VEmpty(last_stage), ((last / Cfg::kStages) & 1) ^ 1);
-  Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (last % Cfg::kSlotBuffers) * kN,
-                         smem + Cfg::kVOffset + last_stage * Cfg::kTileBytes, row0, chunk);
+  const int last_stage = last % Cfg::kVStages;
+  MbarWait(bars.VEmpty(last_stage), ((last / Cfg::kVStages) & 1) ^ 1);
+  if (!XGO_SM90_LOAD_ONCE || last < Cfg::kVStages) {
+    if (prev_tma) {
+      if (box_owner) {
+        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
+                             v_tiles + last_stage * Cfg::kTileBytes, t, bars.VFull(last_stage));
+      }
+    } else {
+      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (last % Cfg::kSlotBuffers) * kN,
+                             smem + Cfg::kVOffset + last_stage * Cfg::kTileBytes, row0, chunk);
+    }
+  }
   CpAsyncArriveNoInc(bars.VFull(last_stage));
   CpAsyncWaitAll();  // no copy outlives its thread
 }
@@ -657,10 +761,10 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     // the PV runs; then rescale O and convert P_i.
 #pragma unroll 1
     for (int step = 1; step < num_tiles; ++step) {
-      const int stage = step % Cfg::kStages;
-      const uint32_t phase = (step / Cfg::kStages) & 1;
-      const int prev_stage = (step - 1) % Cfg::kStages;
-      const uint32_t prev_phase = ((step - 1) / Cfg::kStages) & 1;
+      const int stage = step % Cfg::kKStages;
+      const uint32_t phase = (step / Cfg::kKStages) & 1;
+      const int prev_stage = (step - 1) % Cfg::kVStages;
+      const uint32_t prev_phase = ((step - 1) / Cfg::kVStages) & 1;
       MbarWait(bars.KFull(stage), phase);
       FenceProxyAsync();
       if (Cfg::kPingPong) NamedBarrierSync(my_turn, 256);
@@ -697,8 +801,8 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 
     // The last tile's P V.
     const int last = num_tiles - 1;
-    const int last_stage = last % Cfg::kStages;
-    MbarWait(bars.VFull(last_stage), (last / Cfg::kStages) & 1);
+    const int last_stage = last % Cfg::kVStages;
+    MbarWait(bars.VFull(last_stage), (last / Cfg::kVStages) & 1);
     FenceProxyAsync();
     FenceRegisters(o);
     FenceRegisters(pa);
@@ -776,12 +880,14 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p, const TileWork& w,
+__device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
+                                                 const Sm90KvTensorMap& kv_map, const TileWork& w,
                                                  unsigned char* smem_raw) {
   using Cfg = Sm90PrefillConfig<kD>;
   const uint32_t raw = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  const Sm90Barriers bars{SharedAddress(smem) + Cfg::kBarrierOffset, Cfg::kStages};
+  const Sm90Barriers bars{SharedAddress(smem) + Cfg::kBarrierOffset, Cfg::kKStages,
+                          Cfg::kVStages};
   // The tile's metadata goes to shared memory: both roles read it from there, so it holds no
   // registers through the main loops (the consumers' epilogue reads it again).
   __shared__ TileWork s_work;
@@ -790,10 +896,12 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p, 
     s_work = w;
     s_range = SplitKeyRange<Cfg::kBlockN>(p, w);
     MbarInit(bars.QFull(), 128);
-    for (int s = 0; s < Cfg::kStages; ++s) {
+    for (int s = 0; s < Cfg::kKStages; ++s) {
       MbarInit(bars.KFull(s), 128);                    // one cp.async arrival per producer thread
-      MbarInit(bars.VFull(s), 128);
       MbarInit(bars.KEmpty(s), 128 * Cfg::kConsumers);  // every consumer thread releases
+    }
+    for (int s = 0; s < Cfg::kVStages; ++s) {
+      MbarInit(bars.VFull(s), 128);
       MbarInit(bars.VEmpty(s), 128 * Cfg::kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -801,7 +909,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p, 
   __syncthreads();
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
-    Sm90Producer<T, kD>(p, s_work, s_range, smem, bars);
+    Sm90Producer<T, kD>(p, kv_map, s_work, s_range, smem, bars);
   } else {
     SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
     Sm90ConsumerBlock<T, kD>(p, s_work, s_range, smem, bars,
@@ -815,7 +923,8 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p, 
 template <typename T, int kD>
 __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,
-                                    PrefillGrid g) {
+                                    PrefillGrid g,
+                                    const __grid_constant__ Sm90KvTensorMap kv_map) {
 #if XGO_SM90A_DEVICE
   using Cfg = Sm90PrefillConfig<kD>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -845,7 +954,7 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     PoisonRows<T>(p, w);
     return;
   }
-  Sm90PrefillBlock<T, kD>(p, w, smem_raw);
+  Sm90PrefillBlock<T, kD>(p, kv_map, w, smem_raw);
 #endif
 }
 

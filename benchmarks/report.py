@@ -59,19 +59,29 @@ def decode_target(record: dict) -> float:
     return 0.75
 
 
-def _frac_verdict(frac: float, target: float, floor_us: float) -> str:
+def _ours_us(entry: dict) -> tuple[float, str]:
+    """Our time for a verdict: the slower of the two timings where the run timed our version
+    twice (a target that only one of them meets is not met), and a note naming both."""
+    first, again = entry["median_us"], entry.get("median_us_repeat")
+    if again is None or again <= first:
+        return first, ""
+    return again, f"; the slower of two timings, {first:.1f} and {again:.1f} µs"
+
+
+def _frac_verdict(frac: float, target: float, floor_us: float, note: str = "") -> str:
     if frac >= target:
-        return f"met ({frac:.2f} ≥ {target:.2f})"
+        return f"met ({frac:.2f} ≥ {target:.2f}{note})"
     need = floor_us / target
-    return f"MISSED by {100 * (target - frac) / target:.0f}% ({frac:.2f} < {target:.2f}; needs ≤ {need:.1f} µs)"
+    return (f"MISSED by {100 * (target - frac) / target:.0f}% ({frac:.2f} < {target:.2f}; "
+            f"needs ≤ {need:.1f} µs{note})")  # fmt: skip
 
 
-def _time_verdict(ours_us: float, limit_us: float, what: str) -> str:
+def _time_verdict(ours_us: float, limit_us: float, what: str, note: str = "") -> str:
     """ours_us must be ≤ limit_us."""
     if ours_us <= limit_us:
-        return f"met ({ours_us:.1f} ≤ {limit_us:.1f} µs {what})"
+        return f"met ({ours_us:.1f} ≤ {limit_us:.1f} µs {what}{note})"
     return (f"MISSED by {100 * (ours_us / limit_us - 1):.0f}% ({ours_us:.1f} > {limit_us:.1f} µs "
-            f"{what})")  # fmt: skip
+            f"{what}{note})")  # fmt: skip
 
 
 def _row(record, name, entry, target: str, verdict: str) -> dict:
@@ -87,7 +97,19 @@ def _vs_flashinfer(record, name, entry) -> dict:
         why = (status[0].get("reason") or status[0].get("status")) if status else "absent"
         return _row(record, name, entry, target, f"no FlashInfer number ({why})")
     return _row(record, name, entry, target,
-                _time_verdict(entry["median_us"], peer[1]["median_us"], "FlashInfer"))  # fmt: skip
+                _time_verdict(*_with_note(entry, peer[1]["median_us"], "FlashInfer")))  # fmt: skip
+
+
+def _with_note(entry: dict, limit_us: float, what: str) -> tuple[float, float, str, str]:
+    ours, note = _ours_us(entry)
+    return ours, limit_us, what, note
+
+
+def _floor_verdict(record: dict, entry: dict, target: float) -> str:
+    """Floor fraction at our verdict time (_ours_us) against target."""
+    ours, note = _ours_us(entry)
+    frac = record["floor_us"] / ours if note else entry["frac_floor"]
+    return _frac_verdict(frac, target, record["floor_us"], note)
 
 
 def verdicts(results: dict) -> list[dict]:
@@ -111,7 +133,7 @@ def verdicts(results: dict) -> list[dict]:
         kind = record["kind"]
         if kind == "decode":
             target = decode_target(record)
-            verdict = _frac_verdict(entry["frac_floor"], target, record["floor_us"])
+            verdict = _floor_verdict(record, entry, target)
             if record["name"] == ANCHOR and "H200" in device:
                 met = entry["median_us"] <= ANCHOR_H200_TARGET_US
                 verdict += (f"; H200 anchor {entry['median_us']:.1f} µs "
@@ -120,9 +142,15 @@ def verdicts(results: dict) -> list[dict]:
                             verdict))  # fmt: skip
             out.append(_vs_flashinfer(record, name, entry))
         elif kind == "mixed":
-            out.append(_row(record, name, entry, f"≥ {MIXED_TARGET_FRAC:.2f} of bytes floor",
-                            _frac_verdict(entry["frac_floor"], MIXED_TARGET_FRAC,
-                                          record["floor_us"])))  # fmt: skip
+            out.append(
+                _row(
+                    record,
+                    name,
+                    entry,
+                    f"≥ {MIXED_TARGET_FRAC:.2f} of bytes floor",
+                    _floor_verdict(record, entry, MIXED_TARGET_FRAC),
+                )
+            )
         elif kind == "prefill":
             out.append(_vs_flashinfer(record, name, entry))
             target = f"≥ {PREFILL_VS_SDPA}× torch SDPA's throughput (contiguous K/V)"
@@ -133,8 +161,8 @@ def verdicts(results: dict) -> list[dict]:
                     f"no SDPA number ({status.get('reason') or status.get('status', 'absent')})"
                 )
             else:
-                verdict = _time_verdict(entry["median_us"], sdpa[1]["median_us"] / PREFILL_VS_SDPA,
-                                        f"SDPA / {PREFILL_VS_SDPA}")  # fmt: skip
+                verdict = _time_verdict(*_with_note(entry, sdpa[1]["median_us"] / PREFILL_VS_SDPA,
+                                                    f"SDPA / {PREFILL_VS_SDPA}"))  # fmt: skip
             out.append(_row(record, name, entry, target, verdict))
         elif kind == "host_cost":
             for row in ("xgo_op", "xgo_wrapper"):

@@ -41,8 +41,9 @@
 #define XGO_SM90A_DEVICE 0
 #endif
 
-// Build switches (docs/KERNELS.md, "Build switches"): FlashAttention-3's choices for paged K/V
-// loaded by cp.async, not yet swept on this kernel.
+// Build switches (docs/KERNELS.md, "Build switches"): FlashAttention-3's choices (stages,
+// ping-pong, fence), which measured the same as their alternatives on an H100, and two
+// measurement builds (K/V without TMA, no loads after the first fill).
 #ifndef XGO_SM90_STAGES
 #define XGO_SM90_STAGES 2  // K stages at D <= 128 (D = 256: 2)
 #endif
@@ -498,6 +499,23 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
   int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
   int prev_slot = 0;        // the box's cache slot in the previous tile (its V goes now)
   bool prev_tma = false;    // whether the previous tile went by TMA
+  // V of tile `prev` (the previous step's: its slot and way of loading) into its stage.
+  auto issue_v = [&](int prev) {
+    const int stage = prev % Cfg::kVStages;
+    MbarWait(bars.VEmpty(stage), ((prev / Cfg::kVStages) & 1) ^ 1);
+    if (!XGO_SM90_LOAD_ONCE || prev < Cfg::kVStages) {
+      if (prev_tma) {
+        if (box_owner) {
+          Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
+                               v_tiles + stage * Cfg::kTileBytes, t, bars.VFull(stage));
+        }
+      } else {
+        Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
+                               smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk);
+      }
+    }
+    CpAsyncArriveNoInc(bars.VFull(stage));
+  };
 #pragma unroll 1
   for (int step = 0; step < num_tiles; ++step) {
     int64_t* table_now = slots + (step % Cfg::kSlotBuffers) * kN;
@@ -535,43 +553,11 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
       }
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
-    if (step > 0) {
-      const int prev = step - 1;
-      const int prev_stage = prev % Cfg::kVStages;
-      const uint32_t prev_phase = (prev / Cfg::kVStages) & 1;
-      MbarWait(bars.VEmpty(prev_stage), prev_phase ^ 1);
-      if (!XGO_SM90_LOAD_ONCE || prev < Cfg::kVStages) {
-        if (prev_tma) {
-          if (box_owner) {
-            Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
-                                 v_tiles + prev_stage * Cfg::kTileBytes, t,
-                                 bars.VFull(prev_stage));
-          }
-        } else {
-          Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
-                                 smem + Cfg::kVOffset + prev_stage * Cfg::kTileBytes, row0, chunk);
-        }
-      }
-      CpAsyncArriveNoInc(bars.VFull(prev_stage));
-    }
+    if (step > 0) issue_v(step - 1);
     prev_slot = slot;
     prev_tma = tile_tma;
   }
-  const int last = num_tiles - 1;
-  const int last_stage = last % Cfg::kVStages;
-  MbarWait(bars.VEmpty(last_stage), ((last / Cfg::kVStages) & 1) ^ 1);
-  if (!XGO_SM90_LOAD_ONCE || last < Cfg::kVStages) {
-    if (prev_tma) {
-      if (box_owner) {
-        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
-                             v_tiles + last_stage * Cfg::kTileBytes, t, bars.VFull(last_stage));
-      }
-    } else {
-      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (last % Cfg::kSlotBuffers) * kN,
-                             smem + Cfg::kVOffset + last_stage * Cfg::kTileBytes, row0, chunk);
-    }
-  }
-  CpAsyncArriveNoInc(bars.VFull(last_stage));
+  issue_v(num_tiles - 1);
   CpAsyncWaitAll();  // no copy outlives its thread
 }
 

@@ -170,7 +170,7 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // The sm_90a kernel's K/V tensor map (Sm90KvTensorMap): boxes of one page, or of one tile where
 // pages are larger than a tile. Left with box_rows 0 (cp.async only) where the page size is not a
 // multiple of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile,
-// the cache is not 16-byte aligned, or the driver refuses: the kernel is correct either way.
+// the cache is not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is correct either way.
 template <int kD>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   constexpr int kN = Sm90PrefillConfig<kD>::kBlockN;
@@ -180,8 +180,10 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const bool tiles_fit = page_size > 0 && (kN % page_size == 0 || page_size % kN == 0);
   const auto address = reinterpret_cast<uintptr_t>(params.kv_cache);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
+  const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
   if (!XGO_SM90_KV_TMA || rows % 8 != 0 || !tiles_fit || address % 16 != 0 ||
-      params.num_pages <= 0 || encode == nullptr) {
+      params.num_pages <= 0 || slots > INT32_MAX || encode == nullptr) {
     return kv_map;
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),

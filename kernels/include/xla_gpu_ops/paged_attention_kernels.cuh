@@ -19,6 +19,7 @@
 
 #include "xla_gpu_ops/device_utils.cuh"
 #include "xla_gpu_ops/dtypes.cuh"
+#include "xla_gpu_ops/online_softmax.cuh"
 #include "xla_gpu_ops/paged_attention_params.cuh"
 
 namespace xgo {
@@ -387,12 +388,15 @@ __device__ __forceinline__ float Scaled2(const PagedAttentionParams& p, float qk
   return qk * (p.scale * kLog2e);
 }
 
+// Whether a query at key position `pos` sees key `key`: causal, and inside the sliding window.
+__device__ __forceinline__ bool SeesKey(const PagedAttentionParams& p, int key, int pos) {
+  return key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
+}
+
 // Masked logit in the log2 domain (-inf when masked): causal + sliding window.
 __device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float qk, int key, int pos,
                                         bool row_ok) {
-  const bool keep =
-      row_ok && key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
-  return keep ? Scaled2(p, qk) : -INFINITY;
+  return row_ok && SeesKey(p, key, pos) ? Scaled2(p, qk) : -INFINITY;
 }
 
 // True when every key of the tile is visible to every row of the block (no masking needed;
@@ -524,6 +528,58 @@ struct KvTileLoader {
         CpAsync16(s_v + dst, valid ? src_k + kD : kv, valid ? 16 : 0);
       }
     }
+  }
+};
+
+// The K/V pipeline of the cp.async kernels (decode and 64-row tiles, the mma.sync prefill kernel,
+// the f32 kernel): kStages stages of one K and one V tile in shared memory (stage s at
+// k + s * kStageElems, v + s * kStageElems), filled kStages - 1 tiles ahead, one commit group per
+// tile. Loop iteration `tile` computes on the stage Next returns, between a __syncthreads after
+// Next (every thread's copies visible) and one at its end (the stage free for the next Issue).
+// (The sm_90a kernel's warp-specialised TMA / mbarrier pipeline is its own: Sm90Producer.)
+template <typename KV, int kD, int kBlockN, int kLds, int kStages, int kStageElems,
+          bool kEvictFirst = false>
+struct KvTilePipeline {
+  KvTileLoader<KV, kD, kBlockN, kLds, kEvictFirst> loader;
+  KV* k;
+  KV* v;
+
+  __device__ __forceinline__ KvTilePipeline(KV* k_stages, KV* v_stages)
+      : k(k_stages), v(v_stages) {}
+
+  // The prologue: tiles tile_begin .. tile_begin + kStages - 2, one commit group each (empty
+  // groups past the range, so the waits count the same).
+  __device__ __forceinline__ void Start(const PagedAttentionParams& p, const TileWork& w,
+                                        const KeyRange& range) {
+    loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+      const int tile = range.tile_begin + i;
+      if (tile < range.tile_end) {
+        const int key0 = range.key_base + tile * kBlockN;
+        loader.Issue(p, w, key0, range.key_end, k + i * kStageElems, v + i * kStageElems);
+        loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
+      }
+      CpAsyncCommit();
+    }
+  }
+
+  // Issues tile + kStages - 1 into the stage the previous iteration computed on, then waits for
+  // this thread's copies of `tile`. Returns `tile`'s stage.
+  __device__ __forceinline__ int Next(const PagedAttentionParams& p, const TileWork& w,
+                                      const KeyRange& range, int tile) {
+    const int step = tile - range.tile_begin;
+    const int ahead = tile + kStages - 1;
+    if (ahead < range.tile_end) {
+      const int ahead_stage = (step + kStages - 1) % kStages;
+      const int key0 = range.key_base + ahead * kBlockN;
+      loader.Issue(p, w, key0, range.key_end, k + ahead_stage * kStageElems,
+                   v + ahead_stage * kStageElems);
+      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<kStages - 1>();
+    return step % kStages;
   }
 };
 
@@ -817,20 +873,9 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 
   LoadQTile<T, kD, kBlockRows, kLds>(p, w, s_q);
   CpAsyncCommit();
-  // Prologue: tiles tile_begin .. tile_begin + kStages - 2, one commit group each.
   // Decode tiles read each K/V byte once: evict-first (-2 us on the decode anchor, H200).
-  KvTileLoader<KV, kD, kBlockN, kLds, kEvictFirst> loader;
-  loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    const int tile = range.tile_begin + i;
-    if (tile < range.tile_end) {
-      const int key0 = range.key_base + tile * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k_copy + i * kCopyElems, s_v_copy + i * kCopyElems);
-      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
-    }
-    CpAsyncCommit();
-  }
+  KvTilePipeline<KV, kD, kBlockN, kLds, kStages, kCopyElems, kEvictFirst> kv(s_k_copy, s_v_copy);
+  kv.Start(p, w, range);
 
   // This thread's two rows (g and g + 8 of the warp's 16): validity and absolute position.
   bool row_ok[2];
@@ -874,25 +919,12 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   float acc[kOutTiles][4];
 #pragma unroll
   for (int i = 0; i < kOutTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};
+  OnlineSoftmax<2, 4, Exp2Mode::kFull> softmax;  // this thread's rows g and g + 8
 
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
-    const int step = tile - range.tile_begin;
-    const int stage = step % kStages;
-    // Refill the stage computed on in the previous iteration (freed by its trailing barrier).
-    const int ahead = tile + kStages - 1;
-    if (ahead < range.tile_end) {
-      const int ahead_stage = (step + kStages - 1) % kStages;
-      const int key0 = range.key_base + ahead * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k_copy + ahead_stage * kCopyElems,
-                   s_v_copy + ahead_stage * kCopyElems);
-      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
+    const int stage = kv.Next(p, w, range, tile);
     if constexpr (kDequantize) {  // this thread's own chunks: no barrier before it
-      loader.template Dequantize<T, kLds>(s_k_copy + stage * kCopyElems,
+      kv.loader.template Dequantize<T, kLds>(s_k_copy + stage * kCopyElems,
                                           s_v_copy + stage * kCopyElems, s_k, s_v);
     }
     __syncthreads();
@@ -971,34 +1003,12 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
           }
         }
       }
-      float base[2], rescale[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(row_max[h], tile_max[h]);
-        base[h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
-        rescale[h] = exp2f(row_max[h] - base[h]);
-        row_max[h] = new_max;
-        row_sum[h] *= rescale[h];
-      }
       // Once the running maxima settle (most decode tiles) the accumulators need no rescale.
-      if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
-#pragma unroll
-        for (int i = 0; i < kOutTiles; ++i) {
-          acc[i][0] *= rescale[0];
-          acc[i][1] *= rescale[0];
-          acc[i][2] *= rescale[1];
-          acc[i][3] *= rescale[1];
-        }
-      }
+      if (__any_sync(0xffffffffu, softmax.Fold(tile_max))) softmax.Rescale(acc);
 #pragma unroll
       for (int nt = 0; nt < kScoreTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
-          row_sum[e >> 1] += s[nt][e];
-        }
+        for (int e = 0; e < 4; ++e) s[nt][e] = softmax.Prob(s[nt][e], e >> 1);
       }
       // O += P V: the score accumulators are already in the A-operand layout.
 #pragma unroll
@@ -1027,7 +1037,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   RecordPhase(5);  // every tile computed on
   CpAsyncWait<0>();
   if constexpr (kSelfCheck) {
-    if (__syncthreads_or(loader.bad_page || outside_bad)) {  // block-uniform
+    if (__syncthreads_or(kv.loader.bad_page || outside_bad)) {  // block-uniform
       PoisonRows<T>(p, w);
       return;
     }
@@ -1039,11 +1049,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   // merge the key-warps of each row and store 4 consecutive values at a time.
   constexpr int kOutLds = Cfg::kOutLds;
   float* s_out = reinterpret_cast<float*>(s_k);  // [4 warps][16][kOutLds]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-  }
+  softmax.SumRows();
   if (warp_active) {
     if constexpr (kFp8InRegisters) {  // FP8 FRAGMENTS: acc[2j], acc[2j + 1] interleave
 #pragma unroll
@@ -1068,10 +1074,10 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       }
     }
     if (lane % 4 == 0) {
-      s_m[warp][lane / 4] = row_max[0];
-      s_m[warp][lane / 4 + 8] = row_max[1];
-      s_l[warp][lane / 4] = row_sum[0];
-      s_l[warp][lane / 4 + 8] = row_sum[1];
+      s_m[warp][lane / 4] = softmax.max[0];
+      s_m[warp][lane / 4 + 8] = softmax.max[1];
+      s_l[warp][lane / 4] = softmax.sum[0];
+      s_l[warp][lane / 4 + 8] = softmax.sum[1];
     }
   }
   __syncthreads();
@@ -1175,32 +1181,18 @@ __global__ void __launch_bounds__(kThreads)
   const KeyRange range = SplitKeyRange<kBlockN>(p, w);
   LoadQTile<float, kD, 16, kLds>(p, w, s_q);
   CpAsyncCommit();
-  KvTileLoader<float, kD, kBlockN, kLds> loader;
-  const int key_first = range.key_base + range.tile_begin * kBlockN;
-  if (range.tile_begin < range.tile_end) {
-    loader.FetchPages(p, w, key_first, range.key_end);
-    loader.Issue(p, w, key_first, range.key_end, s_k, s_v);
-    loader.FetchPages(p, w, key_first + kBlockN, range.key_end);
-  }
-  CpAsyncCommit();
+  KvTilePipeline<float, kD, kBlockN, kLds, 2, kBlockN * kLds> kv(s_k, s_v);
+  kv.Start(p, w, range);
   const bool row_ok = r < w.rows;
   const int row_pos = w.kv_len - w.q_len + (w.tok0 + r / p.heads_per_block - w.q_start);
 
   float acc[kColsPerThread];
 #pragma unroll
   for (int c = 0; c < kColsPerThread; ++c) acc[c] = 0.0f;
-  float row_max = -INFINITY, row_sum = 0.0f;
+  OnlineSoftmax<1, 8, Exp2Mode::kFull> softmax;  // row r over its 8 lanes
 
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
-    const int stage = (tile - range.tile_begin) & 1;
-    if (tile + 1 < range.tile_end) {
-      const int next_key0 = range.key_base + (tile + 1) * kBlockN;
-      loader.Issue(p, w, next_key0, range.key_end, s_k + (stage ^ 1) * kBlockN * kLds,
-                   s_v + (stage ^ 1) * kBlockN * kLds);
-      loader.FetchPages(p, w, next_key0 + kBlockN, range.key_end);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
+    const int stage = kv.Next(p, w, range, tile);
     __syncthreads();
     const float* k_tile = s_k + stage * kBlockN * kLds;
     const float* v_tile = s_v + stage * kBlockN * kLds;
@@ -1220,30 +1212,18 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     const int key0 = range.key_base + tile * kBlockN + j;
-    float tile_max = -INFINITY;
+    float tile_max[1] = {-INFINITY};
 #pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
       s[i] = Logit2(p, s[i], key0 + 8 * i, row_pos, row_ok);
-      tile_max = fmaxf(tile_max, s[i]);
+      tile_max[0] = fmaxf(tile_max[0], s[i]);
     }
+    softmax.Fold(tile_max);
 #pragma unroll
-    for (int off = 1; off < 8; off <<= 1) {
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-    }
-    const float new_max = fmaxf(row_max, tile_max);
-    const float base = new_max == -INFINITY ? 0.0f : new_max;
-    const float rescale = exp2f(row_max - base);
-    row_max = new_max;
-    row_sum *= rescale;
-#pragma unroll
-    for (int i = 0; i < kKeysPerThread; ++i) {
-      const float prob = exp2f(s[i] - base);
-      row_sum += prob;
-      s_p[r][j + 8 * i] = prob;
-    }
+    for (int i = 0; i < kKeysPerThread; ++i) s_p[r][j + 8 * i] = softmax.Prob(s[i], 0);
     __syncwarp();  // a row's 8 threads are in one warp
 #pragma unroll
-    for (int c = 0; c < kColsPerThread; ++c) acc[c] *= rescale;
+    for (int c = 0; c < kColsPerThread; ++c) acc[c] *= softmax.rescale[0];
 #pragma unroll 4
     for (int key = 0; key < kBlockN; ++key) {
       const float prob = s_p[r][key];
@@ -1255,12 +1235,11 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   CpAsyncWait<0>();
-#pragma unroll
-  for (int off = 1; off < 8; off <<= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
+  softmax.SumRows();
   if (!row_ok) return;
   const int token = w.tok0 + r / p.heads_per_block;
   const int head = w.head0 + r % p.heads_per_block;
-  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  const float inv = softmax.Inverse(0);
   const int64_t out_row = static_cast<int64_t>(token) * p.num_q_heads + head;
   if (w.num_splits == 1) {
     float* dst = static_cast<float*>(p.out) + out_row * kD;
@@ -1271,7 +1250,7 @@ __global__ void __launch_bounds__(kThreads)
     float* dst = p.partial_out + split_row * kD;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
-    if (j == 0) p.partial_lse[split_row] = row_sum > 0.0f ? row_max + log2f(row_sum) : -INFINITY;
+    if (j == 0) p.partial_lse[split_row] = softmax.LogSumExp2(0);
   }
 }
 

@@ -58,12 +58,6 @@ struct PrefillConfig {
   static_assert(kBlockRows == kPrefillBlockRows, "the plan and the grid limits assume 128 rows");
 };
 
-__device__ __forceinline__ float FastExp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The launch's block counts: prefill tiles (num_q_tiles x head blocks x splits) and short
 // sequence blocks (S x head blocks x short_splits; 0 without a short region).
 struct PrefillGrid {
@@ -180,18 +174,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 
   LoadQTile<T, kD, kQRows, kLds>(p, w, s_q);
   CpAsyncCommit();
-  KvTileLoader<T, kD, kBlockN, kLds> loader;
-  loader.FetchPages(p, w, range.key_base + range.tile_begin * kBlockN, range.key_end);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    const int tile = range.tile_begin + i;
-    if (tile < range.tile_end) {
-      const int key0 = range.key_base + tile * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k + i * kStageElems, s_v + i * kStageElems);
-      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
-    }
-    CpAsyncCommit();
-  }
+  KvTilePipeline<T, kD, kBlockN, kLds, kStages, kStageElems> kv(s_k, s_v);
+  kv.Start(p, w, range);
 
   // This thread's rows: m tile mi, half h -> row warp_row0 + 16 mi + lane / 4 + 8 h.
   const int offset = w.kv_len - w.q_len - w.q_start;  // absolute key position = offset + token
@@ -210,27 +194,11 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
       acc[mi][i][0] = acc[mi][i][1] = acc[mi][i][2] = acc[mi][i][3] = 0.0f;
     }
   }
-  float row_max[kMTiles][2], row_sum[kMTiles][2];
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi) {
-    row_max[mi][0] = row_max[mi][1] = -INFINITY;
-    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
-  }
+  OnlineSoftmax<2 * kMTiles, 4, Exp2Mode::kApprox> softmax;  // row 2 mi + h: m tile mi, half h
   const float scale2 = p.scale * kLog2e;
 
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
-    const int step = tile - range.tile_begin;
-    const int stage = step % kStages;
-    const int ahead = tile + kStages - 1;
-    if (ahead < range.tile_end) {
-      const int ahead_stage = (step + kStages - 1) % kStages;
-      const int key0 = range.key_base + ahead * kBlockN;
-      loader.Issue(p, w, key0, range.key_end, s_k + ahead_stage * kStageElems,
-                   s_v + ahead_stage * kStageElems);
-      loader.FetchPages(p, w, key0 + kBlockN, range.key_end);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
+    const int stage = kv.Next(p, w, range, tile);
     __syncthreads();
     const int warp_key0 = range.key_base + tile * kBlockN + wn * kKeysPerWarp;
     const bool warp_sees_keys =
@@ -272,9 +240,9 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
           warp_key0 + kKeysPerWarp - 1 <= warp_lo_pos &&
           (p.sliding_window == 0 || warp_key0 > warp_hi_pos - p.sliding_window);
       const int key0 = warp_key0 + 2 * (lane % 4);
-      float tile_max[kMTiles][2];
+      float tile_max[2 * kMTiles];
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) tile_max[mi][0] = tile_max[mi][1] = -INFINITY;
+      for (int r = 0; r < 2 * kMTiles; ++r) tile_max[r] = -INFINITY;
       if (visible && p.soft_cap == 0.0f) {
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi) {
@@ -283,7 +251,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               s[mi][nt][e] *= scale2;
-              tile_max[mi][e >> 1] = fmaxf(tile_max[mi][e >> 1], s[mi][nt][e]);
+              tile_max[2 * mi + (e >> 1)] = fmaxf(tile_max[2 * mi + (e >> 1)], s[mi][nt][e]);
             }
           }
         }
@@ -298,51 +266,22 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
               const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;  // recomputed: saves registers
               s[mi][nt][e] = Logit2(p, s[mi][nt][e], key0 + nt * 8 + (e & 1),
                                     offset + w.tok0 + r / p.heads_per_block, r < w.rows);
-              tile_max[mi][h] = fmaxf(tile_max[mi][h], s[mi][nt][e]);
+              tile_max[2 * mi + h] = fmaxf(tile_max[2 * mi + h], s[mi][nt][e]);
             }
           }
         }
       }
-      float base[kMTiles][2];
-      bool moved = false;
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float m = tile_max[mi][h];
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-          const float new_max = fmaxf(row_max[mi][h], m);
-          base[mi][h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
-          const float rescale = FastExp2(row_max[mi][h] - base[mi][h]);
-          moved |= new_max != row_max[mi][h];
-          row_max[mi][h] = new_max;
-          row_sum[mi][h] *= rescale;
-          tile_max[mi][h] = rescale;  // reused: this row's accumulator factor
-        }
-      }
       // Once the running maxima settle the accumulators need no rescale.
-      if (__any_sync(0xffffffffu, moved)) {
+      if (__any_sync(0xffffffffu, softmax.Fold(tile_max))) {
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-          for (int i = 0; i < kOutTiles; ++i) {
-            acc[mi][i][0] *= tile_max[mi][0];
-            acc[mi][i][1] *= tile_max[mi][0];
-            acc[mi][i][2] *= tile_max[mi][1];
-            acc[mi][i][3] *= tile_max[mi][1];
-          }
-        }
+        for (int mi = 0; mi < kMTiles; ++mi) softmax.Rescale(acc[mi], 2 * mi);
       }
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
         for (int nt = 0; nt < kScoreTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mi][nt][e] = FastExp2(s[mi][nt][e] - base[mi][e >> 1]);
-            row_sum[mi][e >> 1] += s[mi][nt][e];
-          }
+          for (int e = 0; e < 4; ++e) s[mi][nt][e] = softmax.Prob(s[mi][nt][e], 2 * mi + (e >> 1));
         }
       }
       // O += P V: the S accumulators are already in the A-operand layout of the next MMA.
@@ -372,15 +311,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
     __syncthreads();
   }
   CpAsyncWait<0>();
-
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_sum[mi][h] += __shfl_xor_sync(0xffffffffu, row_sum[mi][h], 1);
-      row_sum[mi][h] += __shfl_xor_sync(0xffffffffu, row_sum[mi][h], 2);
-    }
-  }
+  softmax.SumRows();
 
   if constexpr (kKeyWarps > 1) {
     // Key-split block: every warp parks its state in the K/V buffers (free after the loop's last
@@ -402,10 +333,10 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
       }
     }
     if (lane % 4 == 0 && warp < kKeyWarps) {
-      s_m[warp][lane / 4] = row_max[0][0];
-      s_m[warp][lane / 4 + 8] = row_max[0][1];
-      s_l[warp][lane / 4] = row_sum[0][0];
-      s_l[warp][lane / 4 + 8] = row_sum[0][1];
+      s_m[warp][lane / 4] = softmax.max[0];
+      s_m[warp][lane / 4 + 8] = softmax.max[1];
+      s_l[warp][lane / 4] = softmax.sum[0];
+      s_l[warp][lane / 4 + 8] = softmax.sum[1];
     }
     __syncthreads();
     constexpr int kVecs = kD / 4;
@@ -443,7 +374,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) inv[mi][h] = row_sum[mi][h] > 0.0f ? 1.0f / row_sum[mi][h] : 0.0f;
+      for (int h = 0; h < 2; ++h) inv[mi][h] = softmax.Inverse(2 * mi + h);
     }
     if (w.num_splits == 1) {
 #pragma unroll
@@ -489,8 +420,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
                 make_float2(acc[mi][i][2 * h] * inv[mi][h], acc[mi][i][2 * h + 1] * inv[mi][h]);
           }
           if (lane % 4 == 0) {
-            p.partial_lse[split_row] =
-                row_sum[mi][h] > 0.0f ? row_max[mi][h] + log2f(row_sum[mi][h]) : -INFINITY;
+            p.partial_lse[split_row] = softmax.LogSumExp2(2 * mi + h);
           }
         }
       }

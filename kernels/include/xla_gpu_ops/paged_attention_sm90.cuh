@@ -526,12 +526,15 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
       // Keys at or past key_end (the block's causal end) and pages outside [0, num_pages) are
       // zero-filled, never read (the prep kernel poisons sequences with such pages anyway); for
       // TMA such a page's box starts at a negative slot, outside the tensor: zeros.
+      // The slot in 64 bits for the copy's offset; TMA's 32-bit coordinate only where the launcher
+      // made a tensor map, i.e. the cache has at most INT32_MAX slots.
       int64_t offset = -1;
       slot = -kN;
       if (key < range.key_end && page >= 0 && page < p.num_pages) {
         const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-        slot = page * p.page_size + in_page;
-        offset = static_cast<int64_t>(slot) * (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
+        const int64_t slot64 = static_cast<int64_t>(page) * p.page_size + in_page;
+        slot = static_cast<int>(slot64);
+        offset = slot64 * (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
       }
       table_now[t] = offset;
       key += kN;
@@ -577,8 +580,7 @@ struct Sm90Consumer {
 
   int row_pos[2];            // key position row h ends at (causal), -1 for padding rows
   int wg_lo_pos, wg_hi_pos;  // the same for this consumer's first and last real row (-1: none)
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};
+  OnlineSoftmax<2, 4, Exp2Mode::kApprox> softmax;  // rows h = 0, 1
 
   __device__ __forceinline__ Sm90Consumer(const PagedAttentionParams& p, const TileWork& w, int cw,
                                           int warp, int lane) {
@@ -595,9 +597,9 @@ struct Sm90Consumer {
   }
 
   // Scores of the tile at key0 -> probabilities (in place, log2 domain), running max and sum
-  // updated; returns whether some row's maximum moved (rescale[h]: the factor for O's row h).
+  // updated; returns whether some row's maximum moved (softmax.Rescale then scales O).
   __device__ __forceinline__ bool Softmax(const PagedAttentionParams& p, float (&s)[kS], int key0,
-                                          int lane, float (&rescale)[2]) {
+                                          int lane) {
     const float scale2 = p.scale * kLog2e;
     // Every real row of this consumer sees every key of the tile: no mask. (Padding rows get
     // finite values on such tiles; they are never stored.)
@@ -628,6 +630,7 @@ struct Sm90Consumer {
 #pragma unroll
         for (int i = 0; i < kS; ++i) {
           const int key = key_lane + 8 * (i / 4) + (i & 1);
+          // SeesKey's test written out: through the function ptxas spilled 16 bytes here.
           const int pos = row_pos[(i >> 1) & 1];
           const bool keep = key <= pos && (p.sliding_window == 0 || key > pos - p.sliding_window);
           s[i] = keep ? s[i] : -INFINITY;
@@ -637,27 +640,9 @@ struct Sm90Consumer {
       for (int i = 0; i < kS; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
     }
     const float mult = fold_scale ? scale2 : 1.0f;
-    float base[2];
-    bool moved = false;
+    const bool moved = softmax.Fold(tile_max, mult);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float m = tile_max[h];
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      m *= mult;  // -inf stays -inf (mult > 0)
-      const float new_max = fmaxf(row_max[h], m);
-      base[h] = new_max == -INFINITY ? 0.0f : new_max;  // fully masked so far: no inf - inf
-      rescale[h] = FastExp2(row_max[h] - base[h]);
-      moved |= new_max != row_max[h];
-      row_max[h] = new_max;
-      row_sum[h] *= rescale[h];
-    }
-#pragma unroll
-    for (int i = 0; i < kS; ++i) {
-      const int h = (i >> 1) & 1;
-      s[i] = FastExp2(fmaf(s[i], mult, -base[h]));
-      row_sum[h] += s[i];
-    }
+    for (int i = 0; i < kS; ++i) s[i] = softmax.Prob(s[i], (i >> 1) & 1, mult);
     return moved;
   }
 
@@ -671,16 +656,6 @@ struct Sm90Consumer {
       a[kk][1] = PackPair<T>(s[8 * kk + 2], s[8 * kk + 3]);
       a[kk][2] = PackPair<T>(s[8 * kk + 4], s[8 * kk + 5]);
       a[kk][3] = PackPair<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  }
-
-  static __device__ __forceinline__ void Rescale(float (&o)[kO], const float (&rescale)[2]) {
-#pragma unroll
-    for (int j = 0; j < kO / 4; ++j) {
-      o[4 * j + 0] *= rescale[0];
-      o[4 * j + 1] *= rescale[0];
-      o[4 * j + 2] *= rescale[1];
-      o[4 * j + 3] *= rescale[1];
     }
   }
 };
@@ -719,7 +694,6 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 
     float s[C::kS];
     uint32_t pa[C::kKeySteps][4];
-    float rescale[2];
     const int my_turn = kSm90TurnBarrier + cw;
     const int other_turn = kSm90TurnBarrier + (1 - cw);
     if (Cfg::kPingPong && cw == 0) NamedBarrierArrive(my_turn, 256);  // consumer 0 issues first
@@ -740,7 +714,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     FenceRegisters(s);
     MbarArrive(bars.KEmpty(0));
     const int key_first = range.key_base + range.tile_begin * kN;
-    c.Softmax(p, s, key_first, lane, rescale);  // O is zero: nothing to rescale
+    c.Softmax(p, s, key_first, lane);  // O is zero: nothing to rescale
     C::ToOperand(s, pa);
 
     // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; softmax of S_i while
@@ -776,12 +750,12 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
       WgmmaWait<1>();  // S_i is done (groups complete in order); P V may still run
       FenceRegisters(s);
       MbarArrive(bars.KEmpty(stage));
-      const bool moved = c.Softmax(p, s, key_first + step * kN, lane, rescale);
+      const bool moved = c.Softmax(p, s, key_first + step * kN, lane);
       WgmmaWait<0>();
       FenceRegisters(o);
       FenceRegisters(pa);
       MbarArrive(bars.VEmpty(prev_stage));
-      if (__any_sync(0xffffffffu, moved)) C::Rescale(o, rescale);
+      if (__any_sync(0xffffffffu, moved)) c.softmax.Rescale(o);
       C::ToOperand(s, pa);
     }
 
@@ -807,13 +781,8 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
   }
 
   // Epilogue. Row sums over the 4 threads of a row; empty splits write zero parts and lse -inf.
-  float inv[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    c.row_sum[h] += __shfl_xor_sync(0xffffffffu, c.row_sum[h], 1);
-    c.row_sum[h] += __shfl_xor_sync(0xffffffffu, c.row_sum[h], 2);
-    inv[h] = c.row_sum[h] > 0.0f ? 1.0f / c.row_sum[h] : 0.0f;
-  }
+  c.softmax.SumRows();
+  const float inv[2] = {c.softmax.Inverse(0), c.softmax.Inverse(1)};
   const int row_base = 64 * cw + 16 * warp;  // this warp's 16 rows
   if (w.num_splits == 1) {
     // Normalised rows go through this warp's own Q rows in shared memory (no wgmma reads them
@@ -857,8 +826,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
             make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
       if (lane % 4 == 0) {
-        p.partial_lse[split_row] =
-            c.row_sum[h] > 0.0f ? c.row_max[h] + log2f(c.row_sum[h]) : -INFINITY;
+        p.partial_lse[split_row] = c.softmax.LogSumExp2(h);
       }
     }
   }

@@ -925,7 +925,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     const int stage = kv.Next(p, w, range, tile);
     if constexpr (kDequantize) {  // this thread's own chunks: no barrier before it
       kv.loader.template Dequantize<T, kLds>(s_k_copy + stage * kCopyElems,
-                                          s_v_copy + stage * kCopyElems, s_k, s_v);
+                                             s_v_copy + stage * kCopyElems, s_k, s_v);
     }
     __syncthreads();
     if (tile == range.tile_begin) RecordPhase(4);  // the first K/V tile has landed

@@ -603,6 +603,47 @@ __device__ __forceinline__ bool PagesOutsideRangeBad(const PagedAttentionParams&
   return bad;
 }
 
+// The end of a block whose warps split each tile's keys: every warp has parked its rows' softmax
+// state in shared memory (maximum s_m[warp][row], sum s_l[warp][row], unnormalised O rows at
+// s_out + (warp * 16 + row) * kOutLds); the block's threads merge the kKeyWarps warps of each row
+// (the online-softmax merge of states) and store 4 consecutive values at a time, with the row's
+// log2-sum-exp where there are splits. Warps come in row groups of kKeyWarps (group r / 16), or in
+// one group (kOneRowGroup: the block has at most 16 rows).
+template <typename T, int kD, int kKeyWarps, int kOutLds, Exp2Mode kMode, bool kOneRowGroup>
+__device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams& p,
+                                                      const TileWork& w, const float (*s_m)[16],
+                                                      const float (*s_l)[16], const float* s_out) {
+  constexpr int kVecs = kD / 4;
+  for (int i = threadIdx.x; i < w.rows * kVecs; i += kThreads) {
+    const int r = i / kVecs;
+    const int d = (i % kVecs) * 4;
+    const int row_group = kOneRowGroup ? 0 : r / 16;
+    const int rr = kOneRowGroup ? r : r % 16;
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kKeyWarps; ++k) m = fmaxf(m, s_m[row_group * kKeyWarps + k][rr]);
+    const float base = m == -INFINITY ? 0.0f : m;
+    float sum = 0.0f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < kKeyWarps; ++k) {
+      const int src_warp = row_group * kKeyWarps + k;
+      const float weight = Exp2<kMode>(s_m[src_warp][rr] - base);
+      sum += weight * s_l[src_warp][rr];
+      const float4 part =
+          *reinterpret_cast<const float4*>(s_out + (src_warp * 16 + rr) * kOutLds + d);
+      o.x += weight * part.x, o.y += weight * part.y;
+      o.z += weight * part.z, o.w += weight * part.w;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
+    const int token = w.tok0 + r / p.heads_per_block;
+    const int head = w.head0 + r % p.heads_per_block;
+    StoreRow4<T>(p, w, token, head, d, o);
+    if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+  }
+}
+
 template <typename T, int kD, int kBlockRows, int kLds>
 __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const TileWork& w,
                                           T* s_q) {
@@ -1081,35 +1122,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     }
   }
   __syncthreads();
-  constexpr int kVecs = kD / 4;
-  for (int i = threadIdx.x; i < w.rows * kVecs; i += kThreads) {
-    const int r = i / kVecs;
-    const int d = (i % kVecs) * 4;
-    const int row_warp = r / 16;
-    const int rr = r % 16;
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kKeyWarps; ++k) m = fmaxf(m, s_m[row_warp * kKeyWarps + k][rr]);
-    const float base = m == -INFINITY ? 0.0f : m;
-    float sum = 0.0f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < kKeyWarps; ++k) {
-      const int src_warp = row_warp * kKeyWarps + k;
-      const float weight = exp2f(s_m[src_warp][rr] - base);
-      sum += weight * s_l[src_warp][rr];
-      const float4 part =
-          *reinterpret_cast<const float4*>(s_out + (src_warp * 16 + rr) * kOutLds + d);
-      o.x += weight * part.x, o.y += weight * part.y;
-      o.z += weight * part.z, o.w += weight * part.w;
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-    const int token = w.tok0 + r / p.heads_per_block;
-    const int head = w.head0 + r % p.heads_per_block;
-    StoreRow4<T>(p, w, token, head, d, o);
-    if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
-  }
+  MergeKeyWarpsAndStore<T, kD, kKeyWarps, kOutLds, Exp2Mode::kFull, false>(p, w, s_m, s_l, s_out);
   RecordPhase(6);  // outputs stored (clock64)
   RecordPhase(7);  // outputs stored (globaltimer)
 }

@@ -339,31 +339,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
       s_l[warp][lane / 4 + 8] = softmax.sum[1];
     }
     __syncthreads();
-    constexpr int kVecs = kD / 4;
-    for (int i = threadIdx.x; i < w.rows * kVecs; i += kThreads) {
-      const int r = i / kVecs;
-      const int d = (i % kVecs) * 4;
-      float m = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kKeyWarps; ++k) m = fmaxf(m, s_m[k][r]);
-      const float base = m == -INFINITY ? 0.0f : m;
-      float sum = 0.0f;
-      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int k = 0; k < kKeyWarps; ++k) {
-        const float weight = FastExp2(s_m[k][r] - base);
-        sum += weight * s_l[k][r];
-        const float4 part = *reinterpret_cast<const float4*>(s_out + (k * 16 + r) * kOutLds + d);
-        o.x += weight * part.x, o.y += weight * part.y;
-        o.z += weight * part.z, o.w += weight * part.w;
-      }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
-      const int token = w.tok0 + r / p.heads_per_block;
-      const int head = w.head0 + r % p.heads_per_block;
-      StoreRow4<T>(p, w, token, head, d, o);
-      if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
-    }
+    MergeKeyWarpsAndStore<T, kD, kKeyWarps, kOutLds, Exp2Mode::kApprox, true>(p, w, s_m, s_l,
+                                                                              s_out);
     return;
   } else {
     // Each warp owns whole rows. One split: normalised rows go through the warp's own Q rows in

@@ -170,7 +170,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // The sm_90a kernel's K/V tensor map (Sm90KvTensorMap): boxes of one page, or of one tile where
 // pages are larger than a tile. Left with box_rows 0 (cp.async only) where the page size is not a
 // multiple of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile,
-// the cache is not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is correct either way.
+// the cache is not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the
+// kernel is correct either way.
 template <int kD>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   constexpr int kN = Sm90PrefillConfig<kD>::kBlockN;
@@ -188,7 +189,7 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
                               static_cast<cuuint64_t>(2 * params.num_kv_heads),
-                              static_cast<cuuint64_t>(params.num_pages) * page_size};
+                              static_cast<cuuint64_t>(slots)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * 2,
                                  static_cast<cuuint64_t>(2 * params.num_kv_heads) * kD * 2};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)};

@@ -597,6 +597,65 @@ def test_fp8_cache_long_context_split_kv(specs):
                             scale=default_scale(128), **FP8_SCALES)  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- KV split parts
+def _tie_keys_at_huge_logits(inputs: dict[str, torch.Tensor], seed: int) -> None:
+    """Every query gets element 0 = 2^40; K element 0 is 0 in every key except tied keys, copies
+    of one key with element 0 = 1: keys 0-2 of each sequence (every causal query sees one) and
+    clusters of 1, 2 and 3 adjacent keys at random places (so KV splits hold unequal numbers of
+    them). The tied logits are ~1e11, where a float32 ulp (16384) exceeds log2 of any key count:
+    the output is the mean of the visible tied keys' V rows, weighed per key, not per split."""
+    gen = torch.Generator().manual_seed(seed ^ 0x5EED)
+    query = inputs["query"].float()
+    query[..., 0] = 2.0**40
+    inputs["query"] = query.to(inputs["query"].dtype)
+    kv = inputs["kv_cache"].float()
+    page_size = kv.shape[1]
+    kv[:, :, 0::2, 0] = 0.0
+    tie = kv[0, 0, 0].clone()
+    tie[0] = 1.0
+    for i in range(int(inputs["num_seqs"][0])):
+        context = int(inputs["context_lens"][i])
+        # groups of 4 keys; group 0 holds keys 0-2, the clusters start in 3 others
+        groups = (1 + torch.randperm(max(context // 4 - 1, 0), generator=gen))[:3].tolist()
+        clusters = [range(4 * g, 4 * g + n) for g, n in zip(groups, (1, 2, 3), strict=False)]
+        for key in [0, 1, 2][:context] + [key for cluster in clusters for key in cluster]:
+            kv[inputs["block_tables"][i, key // page_size], key % page_size, 0::2] = tie
+    inputs["kv_cache"] = kv.to(inputs["kv_cache"].dtype)
+
+
+@pytest.mark.parametrize(
+    ("batch", "dtype", "head_dim", "prefill_kernel"),
+    [
+        ("decode", torch.float32, 128, -1),  # the f32 kernel
+        ("decode", torch.bfloat16, 128, -1),  # decode tiles: key-split warps, then KV splits
+        ("decode", torch.bfloat16, 256, -1),
+        ("decode", FP8, 128, -1),  # decode tiles on an fp8 cache (queries scaled to float16)
+        ("prefill", torch.float32, 128, -1),
+        ("prefill", torch.bfloat16, 128, -1),  # the sm_90a kernel on Hopper
+        ("prefill", torch.bfloat16, 128, 0),  # the mma.sync prefill kernel
+        ("prefill", torch.bfloat16, 256, -1),  # 64-row tiles
+        ("prefill", FP8, 128, -1),  # 64-row tiles on an fp8 cache
+        ("short", torch.bfloat16, 128, -1),  # the short region's split parts and their merge
+    ],
+)
+def test_split_parts_weigh_keys_not_parts_at_huge_logits(batch, dtype, head_dim, prefill_kernel):
+    """KV split parts keep their softmax maximum and sum apart: stored as one float32
+    max + log2(sum), logits past ~2^24 lose the sum and the merge weighs each part 1 : 1."""
+    seed = fresh_seed()
+    compute = torch.bfloat16 if dtype == FP8 else dtype
+    if batch == "short":
+        inputs = _short_region_inputs(32, 8, head_dim, compute, seed)
+    else:
+        specs = {"decode": ((1, 3000), (1, 1200), (1, 40)), "prefill": ((40, 5000), (33, 2000))}
+        inputs = make_paged_inputs(specs[batch], 8, 2, head_dim, 16, compute, seed, pad_tokens=1)
+    _tie_keys_at_huge_logits(inputs, seed)
+    scales = {}
+    if dtype == FP8:
+        inputs, scales = with_fp8_cache(inputs), FP8_SCALES
+    with _prefill_kernel(prefill_kernel):
+        check_against_reference(inputs, compute, seed, scale=default_scale(head_dim), **scales)
+
+
 @pytest.mark.parametrize("corruption", ["page_out_of_range", "context_too_long"])
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_fp8_cache_bad_sequence_gets_nan_rows(corruption, kind):

@@ -349,9 +349,9 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.num_seqs = static_cast<const int32_t*>(buffers[kNumSeqs]);
   params.out = buffers[kOut];
   params.flags = reinterpret_cast<int32_t*>(workspace);
-  params.partial_lse = workspace + plan.lse_offset;
+  params.partial_state = reinterpret_cast<PartState*>(workspace + plan.state_offset);
   params.partial_out = workspace + plan.out_offset;
-  params.short_lse = workspace + plan.short_lse_offset;
+  params.short_state = reinterpret_cast<PartState*>(workspace + plan.short_state_offset);
   params.short_out = workspace + plan.short_out_offset;
   params.short_order = reinterpret_cast<int32_t*>(workspace + plan.short_order_offset);
   params.short_tokens = plan.short_tokens;

@@ -1,9 +1,10 @@
 // The online-softmax step, one for every attention kernel of the library (decode and 64-row tiles,
 // the mma.sync prefill kernel, the sm_90a prefill kernel, the f32 kernel): per K/V tile, fold the
 // tile's row maxima into the running maxima, exponentiate the tile's logits against the new
-// maxima and rescale what was summed so far; after the last tile, the row sums, their inverses and
-// the log2-sum-exp of each row. Log2 domain throughout (logits are scaled by log2(e) before they
-// get here, or by the `mult` the sm_90a kernel folds into the exponent).
+// maxima and rescale what was summed so far; after the last tile, the row sums and their
+// inverses (a KV split part keeps `max` and `sum` as they are: PartState). Log2 domain throughout
+// (logits are scaled by log2(e) before they get here, or by the `mult` the sm_90a kernel folds
+// into the exponent).
 //
 // A thread holds kRows rows (two per m16 accumulator tile: elements e of each 4-register group
 // belong to row e >> 1); a row's logits are spread over kRowLanes adjacent lanes (lanes l ^ 1,
@@ -121,10 +122,6 @@ struct OnlineSoftmax {
   // 1 / sum, 0 for a row that saw no key (its output is 0).
   __device__ __forceinline__ float Inverse(int r) const {
     return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
-  }
-  // log2(sum exp2(logit)) of the row, -inf for a row that saw no key (a split part to ignore).
-  __device__ __forceinline__ float LogSumExp2(int r) const {
-    return sum[r] > 0.0f ? max[r] + log2f(sum[r]) : -INFINITY;
   }
 };
 

@@ -362,10 +362,11 @@ __device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, const T
   }
 }
 
-__device__ __forceinline__ void StoreLse(const PagedAttentionParams& p, const TileWork& w,
-                                         int token, int head, float lse) {
+// The row's softmax state where there are splits (PartState).
+__device__ __forceinline__ void StorePartState(const PagedAttentionParams& p, const TileWork& w,
+                                               int token, int head, float max, float sum) {
   if (w.num_splits == 1) return;
-  (w.by_sequence ? p.short_lse : p.partial_lse)[PartRow(p, w, token, head)] = lse;
+  (w.by_sequence ? p.short_state : p.partial_state)[PartRow(p, w, token, head)] = {max, sum};
 }
 
 // A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts).
@@ -378,7 +379,7 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w) {
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
     StoreRow4<T>(p, w, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
-    if (i % vecs == 0) StoreLse(p, w, token, head, nan);
+    if (i % vecs == 0) StorePartState(p, w, token, head, nan, nan);
   }
 }
 
@@ -607,7 +608,7 @@ __device__ __forceinline__ bool PagesOutsideRangeBad(const PagedAttentionParams&
 // state in shared memory (maximum s_m[warp][row], sum s_l[warp][row], unnormalised O rows at
 // s_out + (warp * 16 + row) * kOutLds); the block's threads merge the kKeyWarps warps of each row
 // (the online-softmax merge of states) and store 4 consecutive values at a time, with the row's
-// log2-sum-exp where there are splits. Warps come in row groups of kKeyWarps (group r / 16), or in
+// softmax state where there are splits. Warps come in row groups of kKeyWarps (group r / 16), or in
 // one group (kOneRowGroup: the block has at most 16 rows).
 template <typename T, int kD, int kKeyWarps, int kOutLds, Exp2Mode kMode, bool kOneRowGroup>
 __device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams& p,
@@ -640,7 +641,7 @@ __device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
     StoreRow4<T>(p, w, token, head, d, o);
-    if (d == 0) StoreLse(p, w, token, head, sum > 0.0f ? m + log2f(sum) : -INFINITY);
+    if (d == 0) StorePartState(p, w, token, head, m, sum);
   }
 }
 
@@ -1263,7 +1264,7 @@ __global__ void __launch_bounds__(kThreads)
     float* dst = p.partial_out + split_row * kD;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
-    if (j == 0) p.partial_lse[split_row] = softmax.LogSumExp2(0);
+    if (j == 0) p.partial_state[split_row] = {softmax.max[0], softmax.sum[0]};
   }
 }
 
@@ -1284,7 +1285,7 @@ __global__ void __launch_bounds__(kThreads)
 // One block per part row: 4 groups of 32 lanes, each merges every 4th split (4 float columns per
 // lane) with its own running maximum, then the groups are combined through shared memory. The
 // split parts are loaded before the row's ownership is known (workspace reads are always in
-// bounds), so the parts, their lse and the metadata arrive in one round trip instead of three
+// bounds), so the parts, their states and the metadata arrive in one round trip instead of three
 // dependent ones.
 //   kTokens: a row per (token, q head), after the prefill / f32 kernels (the prep kernel wrote
 //     the zero / NaN rows).
@@ -1309,7 +1310,7 @@ __global__ void __launch_bounds__(kThreads)
       kShort ? static_cast<int64_t>(p.max_num_seqs) * p.short_tokens * p.num_q_heads
              : static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   const int num_splits = kShort ? p.short_splits : p.num_splits;
-  const float* partial_lse = kShort ? p.short_lse : p.partial_lse;
+  const PartState* partial_state = kShort ? p.short_state : p.partial_state;
   const float* partial_out = kShort ? p.short_out : p.partial_out;
   const int tid = threadIdx.x;
   if constexpr (kFill) {
@@ -1330,11 +1331,11 @@ __global__ void __launch_bounds__(kThreads)
   float m = -INFINITY, sum = 0.0f;
   bool has_nan = false;
   float4 o[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
-  // Empty splits have lse -inf (weight 0) and zero parts.
+  // Empty splits have the state {-inf, 0} (weight 0) and zero parts.
 #pragma unroll 4
   for (int z = group; z < num_splits; z += kMergeGroups) {
     const int64_t split_row = static_cast<int64_t>(z) * num_rows + row;
-    const float lse = partial_lse[split_row];
+    const PartState state = partial_state[split_row];
     const float4* part = reinterpret_cast<const float4*>(partial_out + split_row * p.head_dim);
     float4 x[2];
 #pragma unroll
@@ -1342,11 +1343,11 @@ __global__ void __launch_bounds__(kThreads)
       const int v = lane + 32 * k;
       x[k] = v < vecs ? part[v] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    has_nan |= isnan(lse);
-    const float new_m = fmaxf(m, lse);
+    has_nan |= isnan(state.max) || isnan(state.sum);
+    const float new_m = fmaxf(m, state.max);
     const float base = new_m == -INFINITY ? 0.0f : new_m;
     const float old_scale = exp2f(m - base);
-    const float weight = exp2f(lse - base);
+    const float weight = state.sum * exp2f(state.max - base);
     m = new_m;
     sum = sum * old_scale + weight;
 #pragma unroll
@@ -1381,7 +1382,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int k = 0; k < 2; ++k) {
     if (lane + 32 * k < vecs) s_part[group][lane + 32 * k] = o[k];
   }
-  if (lane == 0) {  // every lane of a group saw the same lse values: lane 0 speaks for it
+  if (lane == 0) {  // every lane of a group saw the same states: lane 0 speaks for it
     s_max[group] = m;
     s_sum[group] = sum;
     s_nan[group] = has_nan;

@@ -16,13 +16,23 @@ namespace xgo {
 //   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent
 //   [kFlagsHeader, + round32(S * C))  per sequence slot and chunk of kPrepPages block_tables
 //                                     entries (C chunks): 1 if that part of its metadata is sound
-//   lse   [splits, T, Hq]             per-split log2-sum-exp (only when splits > 1)
+//   state [splits, T, Hq] (PartState) per-split softmax state: maximum and sum, two floats
+//                                     (only when splits > 1)
 //   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
 //   short order [S] (int32)           sequence slots by rank, longest short sequence first
 //                                     (only with a short region)
-//   short lse [short_splits, S, short_tokens, Hq]     the same as lse / out, for the short
+//   short state [short_splits, S, short_tokens, Hq]   the same as state / out, for the short
 //   short out [short_splits, S, short_tokens, Hq, D]  sequences (only when > 1 split)
 constexpr int64_t kFlagsHeader = 32;
+
+// One KV split's softmax state of a row (log2 domain): the maximum logit and the sum of
+// exp2(logit - max), kept apart because one float max + log2(sum) loses the sum once |max| passes
+// ~2^24 (its ulp exceeds log2(sum)), and the merge then weighs parts instead of keys. A row that
+// saw no key: {-inf, 0}; a poisoned row: NaN.
+struct alignas(8) PartState {
+  float max, sum;
+};
+constexpr int64_t kPartStateFloats = 2;
 constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
 // Decode: room for several waves of split blocks (the launcher picks the count that fills the
@@ -82,7 +92,7 @@ struct PagedAttentionPlan {
   // At least kMostlyPrefillTokens query tokens per sequence slot on average: few short
   // sequences can be in the batch (ChoosePrefillKernel).
   bool mostly_prefill;
-  int64_t lse_offset, out_offset, short_order_offset, short_lse_offset, short_out_offset;
+  int64_t state_offset, out_offset, short_order_offset, short_state_offset, short_out_offset;
   int64_t workspace_elems;
 };
 
@@ -128,18 +138,19 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
   if (splits < 1) splits = 1;
   p.num_splits = static_cast<int>(splits);
   p.page_check_chunks = (c.pages_per_seq + kPrepPages - 1) / kPrepPages;
-  p.lse_offset = kFlagsHeader + RoundUp(c.max_num_seqs * p.page_check_chunks, 32);
-  int64_t elems = p.lse_offset;
+  p.state_offset = kFlagsHeader + RoundUp(c.max_num_seqs * p.page_check_chunks, 32);
+  int64_t elems = p.state_offset;
   if (p.num_splits > 1) {
     const int64_t rows = splits * c.num_tokens * c.num_q_heads;
-    p.out_offset = p.lse_offset + RoundUp(rows, 4);  // 16-byte aligned float4 rows
+    // 16-byte aligned float4 rows
+    p.out_offset = p.state_offset + RoundUp(rows * kPartStateFloats, 4);
     elems = p.out_offset + rows * c.head_dim;
   } else {
-    p.out_offset = p.lse_offset;
+    p.out_offset = p.state_offset;
   }
   p.short_tokens = 16 / heads;
   p.short_splits = 0;
-  p.short_order_offset = p.short_lse_offset = p.short_out_offset = elems;
+  p.short_order_offset = p.short_state_offset = p.short_out_offset = elems;
   if (p.path == AttentionPath::kPrefillMma && p.num_splits == 1) {
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
@@ -154,8 +165,8 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
     elems += RoundUp(c.max_num_seqs, 4);
     if (short_splits > 1) {
       const int64_t rows = short_splits * c.max_num_seqs * p.short_tokens * c.num_q_heads;
-      p.short_lse_offset = RoundUp(elems, 4);
-      p.short_out_offset = p.short_lse_offset + RoundUp(rows, 4);
+      p.short_state_offset = RoundUp(elems, 4);
+      p.short_out_offset = p.short_state_offset + RoundUp(rows * kPartStateFloats, 4);
       elems = p.short_out_offset + rows * c.head_dim;
     }
   }
@@ -192,8 +203,8 @@ struct PagedAttentionParams {
   const int32_t* query_start_loc;
   const int32_t* num_seqs;
   void* out;
-  int32_t* flags;       // workspace words [0, lse_offset)
-  float* partial_lse;   // [splits, T, Hq]
+  int32_t* flags;       // workspace words [0, state_offset)
+  PartState* partial_state;  // [splits, T, Hq]
   float* partial_out;   // [splits, T, Hq, D]
   int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
       pages_per_seq;
@@ -203,7 +214,7 @@ struct PagedAttentionParams {
   float scale, soft_cap;  // soft_cap 0: off
   // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
   // short_tokens; short_splits 0 when there is no short region.
-  float* short_lse;     // [short_splits, S, short_tokens, Hq]
+  PartState* short_state;  // [short_splits, S, short_tokens, Hq]
   float* short_out;     // [short_splits, S, short_tokens, Hq, D]
   int* short_order;     // [S]: written by the prep kernel
   int short_tokens, short_splits;

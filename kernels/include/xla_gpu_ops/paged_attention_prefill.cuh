@@ -397,7 +397,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
                 make_float2(acc[mi][i][2 * h] * inv[mi][h], acc[mi][i][2 * h + 1] * inv[mi][h]);
           }
           if (lane % 4 == 0) {
-            p.partial_lse[split_row] = softmax.LogSumExp2(2 * mi + h);
+            p.partial_state[split_row] = {softmax.max[2 * mi + h], softmax.sum[2 * mi + h]};
           }
         }
       }

@@ -780,7 +780,8 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     if (Cfg::kPingPong && cw == 0) NamedBarrierSync(my_turn, 256);
   }
 
-  // Epilogue. Row sums over the 4 threads of a row; empty splits write zero parts and lse -inf.
+  // Epilogue. Row sums over the 4 threads of a row; empty splits write zero parts and
+  // the state {-inf, 0}.
   c.softmax.SumRows();
   const float inv[2] = {c.softmax.Inverse(0), c.softmax.Inverse(1)};
   const int row_base = 64 * cw + 16 * warp;  // this warp's 16 rows
@@ -826,7 +827,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
             make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
       if (lane % 4 == 0) {
-        p.partial_lse[split_row] = c.softmax.LogSumExp2(h);
+        p.partial_state[split_row] = {c.softmax.max[h], c.softmax.sum[h]};
       }
     }
   }

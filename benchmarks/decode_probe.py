@@ -2,7 +2,7 @@
 
 usage: python3 benchmarks/decode_probe.py LABEL [group ...]
 groups: bw (read bandwidth), layout (page placement and kv-head interleave), layout2 (anchor,
-ctx 16k, B=1 64k, D=256, D=64), prefill (the benchmark's own mixed, 1x8k and 8x2k prefill
+ctx 16k, B=1 64k, D=256, D=64), b1 (B=1 at 4k, 16k, 64k: the KV-split merge), prefill (the benchmark's own mixed, 1x8k and 8x2k prefill
 cases), ctx (context sweep: the intercept is the fixed cost per call), big (64k contexts),
 splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV), mixed (the
 benchmark's mixed case, its decodes alone and its prefills alone, then forced short-region split
@@ -86,6 +86,9 @@ def main():
         run(label, "B1 ctx64k", 1, 65536, 32, 8, 128)
         run(label, "B32 ctx4k D=256", 32, 4096, 32, 8, 256)
         run(label, "B32 ctx4k D=64", 32, 4096, 32, 8, 64)
+    if "b1" in groups:
+        for ctx in (4096, 16384, 65536):
+            run(label, f"B1 ctx{ctx // 1024}k", 1, ctx, 32, 8, 128)
     if "prefill" in groups:
         for case in (mixed_case(), prefill_case(1, 8192), prefill_case(8, 2048)):
             run_case(label, case)

@@ -8,7 +8,7 @@
 //      up to tokens_per_tile tokens of ONE sequence x heads_per_block q heads of ONE kv head, so
 //      each block reads its K/V once for the whole GQA group; K/V stream through shared memory
 //      in 16-byte cp.async copies (2 stages; 3 for decode tiles), with an online softmax.
-//   3. PagedAttentionMergeKernel (only with KV splits): log-sum-exp merge of the split parts.
+//   3. PagedAttentionMergeKernel (only with KV splits): the split parts weighed by their states.
 // No host sync and no allocation: all scratch space is the caller's workspace.
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
 #define XLA_GPU_OPS_PAGED_ATTENTION_KERNELS_CUH_
@@ -1373,7 +1373,7 @@ __global__ void __launch_bounds__(kThreads, 8)
     }
 #pragma unroll
     for (int b = 0; b < kPartBatch; ++b) {
-      // past the group's splits: another lane's weight (j0 + b wraps) times zero parts
+      // past the group's splits: a lane with weight 0, and zero parts
       const float w = __shfl_sync(0xffffffffu, weight, j0 + b);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {

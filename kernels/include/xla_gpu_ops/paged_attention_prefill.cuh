@@ -345,7 +345,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
   } else {
     // Each warp owns whole rows. One split: normalised rows go through the warp's own Q rows in
     // shared memory (no other warp reads them) and out in 16-byte stores. Several splits: f32
-    // parts and log2-sum-exp straight from registers.
+    // parts and their softmax states straight from registers.
     if (!warp_active) return;
     float inv[kMTiles][2];
 #pragma unroll

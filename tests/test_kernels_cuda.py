@@ -633,7 +633,7 @@ def _tie_keys_at_huge_logits(inputs: dict[str, torch.Tensor], seed: int) -> None
         ("prefill", torch.float32, 128, -1),
         ("prefill", torch.bfloat16, 128, -1),  # the sm_90a kernel on Hopper
         ("prefill", torch.bfloat16, 128, 0),  # the mma.sync prefill kernel
-        ("prefill", torch.bfloat16, 256, -1),  # 64-row tiles
+        ("prefill", torch.bfloat16, 256, -1),  # the sm_90a kernel on Hopper, else 64-row tiles
         ("prefill", FP8, 128, -1),  # 64-row tiles on an fp8 cache
         ("short", torch.bfloat16, 128, -1),  # the short region's split parts and their merge
     ],

@@ -32,7 +32,7 @@ constexpr int64_t kFlagsHeader = 32;
 struct alignas(8) PartState {
   float max, sum;
 };
-constexpr int64_t kPartStateFloats = 2;
+constexpr int64_t kPartStateFloats = sizeof(PartState) / sizeof(float);
 constexpr int kThreads = 128;            // every attention block: 4 warps
 constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
 // Decode: room for several waves of split blocks (the launcher picks the count that fills the

@@ -599,14 +599,15 @@ def test_fp8_cache_long_context_split_kv(specs):
 
 # ---------------------------------------------------------------------------- KV split parts
 def _tie_keys_at_huge_logits(inputs: dict[str, torch.Tensor], seed: int) -> None:
-    """Every query gets element 0 = 2^40; K element 0 is 0 in every key except tied keys, copies
-    of one key with element 0 = 1: keys 0-2 of each sequence (every causal query sees one) and
-    clusters of 1, 2 and 3 adjacent keys at random places (so KV splits hold unequal numbers of
-    them). The tied logits are ~1e11, where a float32 ulp (16384) exceeds log2 of any key count:
-    the output is the mean of the visible tied keys' V rows, weighed per key, not per split."""
+    """Every query gets element 0 = 1.25 * 2^40; K element 0 is 0 in every key except tied keys,
+    copies of one key with element 0 = 1: keys 0-2 of each sequence (every causal query sees one)
+    and clusters of 1, 2 and 3 adjacent keys at random places (so KV splits hold unequal numbers
+    of them). The tied logits are ~1e11, where a float32 ulp (16384) exceeds log2 of any key
+    count, and their product with scale * log2(e) is inexact (1.25: not a power of two): the
+    output is the mean of the visible tied keys' V rows, weighed per key, not per split."""
     gen = torch.Generator().manual_seed(seed ^ 0x5EED)
     query = inputs["query"].float()
-    query[..., 0] = 2.0**40
+    query[..., 0] = 1.25 * 2.0**40
     inputs["query"] = query.to(inputs["query"].dtype)
     kv = inputs["kv_cache"].float()
     page_size = kv.shape[1]
@@ -634,13 +635,16 @@ def _tie_keys_at_huge_logits(inputs: dict[str, torch.Tensor], seed: int) -> None
         ("prefill", torch.bfloat16, 128, -1),  # the sm_90a kernel on Hopper
         ("prefill", torch.bfloat16, 128, 0),  # the mma.sync prefill kernel
         ("prefill", torch.bfloat16, 256, -1),  # the sm_90a kernel on Hopper, else 64-row tiles
+        ("prefill", torch.bfloat16, 256, 0),  # 64-row tiles
         ("prefill", FP8, 128, -1),  # 64-row tiles on an fp8 cache
         ("short", torch.bfloat16, 128, -1),  # the short region's split parts and their merge
     ],
 )
 def test_split_parts_weigh_keys_not_parts_at_huge_logits(batch, dtype, head_dim, prefill_kernel):
     """KV split parts keep their softmax maximum and sum apart: stored as one float32
-    max + log2(sum), logits past ~2^24 lose the sum and the merge weighs each part 1 : 1."""
+    max + log2(sum), logits past ~2^24 lose the sum and the merge weighs each part 1 : 1. The
+    sm_90a kernel scales such tiles before the exponent (its one-FFMA form exp2(s * scale - max)
+    leaves the rounding error of the largest product in the exponent: rows of 0 at ~1e11)."""
     seed = fresh_seed()
     compute = torch.bfloat16 if dtype == FP8 else dtype
     if batch == "short":

@@ -11,6 +11,13 @@ the median / max of each phase over the blocks of one call, the spread of block 
 the span from the first block's start to the last block's end (globaltimer, so across SMs).
 Two runs per shape: right after earlier calls (as in a serving loop) and after an idle device.
 Phases are clock64 cycles converted at --ghz (the H200 runs decode at 1.98 GHz).
+
+--prefill: the sm_90a prefill kernel instead (forced through the library's test hook), on the
+causal prefill shapes of prefill_sm90_probe.py. Per block: the tile lookup, barrier set-up, the
+wait for Q and the first K tile, the first tile's S and softmax, the rest of the tiles, the
+epilogue (Sm90Phase in paged_attention_sm90.cuh); per SM (%smid) the gaps between one block's end
+and the next one's start and the idle tail; cycles converted at the clock each block measured
+(its clock64 span over its %globaltimer span).
 """
 
 from __future__ import annotations
@@ -64,10 +71,125 @@ def summarise(table: np.ndarray, ghz: float) -> str:
     )
 
 
+SM90_SLOTS = 16  # kSm90PhaseSlots; slot names as Sm90Phase
+(
+    START_NS,
+    START,
+    SM,
+    FOUND,
+    SPLIT,
+    PRODUCER_FIRST_K,
+    FIRST_TILE,
+    FIRST_STEP,
+    LOOP,
+    END,
+    OTHER_END,
+    TILES,
+    END_NS,
+    PRODUCER_END,
+    PRODUCER_Q,
+) = range(15)
+PREFILL_SHAPES = {  # name: (batch, tokens per sequence, head dim)
+    "B1 8k": (1, 8192, 128),
+    "B8 2k": (8, 2048, 128),
+    "B1 8k d64": (1, 8192, 64),
+    "B8 2k d64": (8, 2048, 64),
+}
+
+
+def sm90_summary(table: np.ndarray) -> str:
+    rows = table[(table[:, END] > 0) & (table[:, TILES] > 0)].astype(np.int64)
+    if len(rows) == 0:
+        return "no block finished a tile (is this a -DXGO_PHASE_TIMES=1 build?)"
+    ghz = np.median(
+        (rows[:, END] - rows[:, START]) / np.maximum(rows[:, END_NS] - rows[:, START_NS], 1)
+    )
+    us = lambda cycles: cycles / ghz / 1e3  # noqa: E731
+    tiles = rows[:, TILES]
+    phases = {
+        "lookup": rows[:, FOUND] - rows[:, START],
+        "setup": rows[:, SPLIT] - rows[:, FOUND],
+        "first-QK-wait": rows[:, FIRST_TILE] - rows[:, SPLIT],
+        "first-step": rows[:, FIRST_STEP] - rows[:, FIRST_TILE],
+        "tiles": rows[:, LOOP] - rows[:, FIRST_STEP],
+        "epilogue": rows[:, END] - rows[:, LOOP],
+    }
+    lines = [
+        f"  blocks {len(rows)}, {tiles.mean():.1f} tiles each, clock {ghz:.3f} GHz, "
+        f"span {(rows[:, END_NS].max() - rows[:, START_NS].min()) / 1e3:.1f} us"
+    ]
+    lines.append(
+        "  per block (us, median / mean): "
+        + ", ".join(f"{n} {us(np.median(v)):.2f} / {us(v.mean()):.2f}" for n, v in phases.items())
+    )
+    step = (rows[:, LOOP] - rows[:, FIRST_STEP]) / np.maximum(tiles - 1, 1)
+    lines.append(
+        f"  per later tile {us(np.median(step[tiles > 1])):.3f} us (median); producer "
+        f"issues Q {us(np.median(rows[:, PRODUCER_Q] - rows[:, SPLIT])):.2f} and the first K "
+        f"{us(np.median(rows[:, PRODUCER_FIRST_K] - rows[:, SPLIT])):.2f}"
+        f" us after the split; consumer 1 ends {us(np.median(rows[:, OTHER_END] - rows[:, END])):.2f}"
+        " us after consumer 0"
+    )
+    # Per SM: where the span goes (sums of each phase over the SM's blocks, gaps between blocks,
+    # the idle head and tail against the whole launch's span, in globaltimer ns).
+    t0, t1 = rows[:, START_NS].min(), rows[:, END_NS].max()
+    totals = {n: 0.0 for n in [*phases, "between blocks", "idle head+tail"]}
+    sms = np.unique(rows[:, SM])
+    for sm in sms:
+        mine = rows[rows[:, SM] == sm]
+        mine = mine[np.argsort(mine[:, START])]
+        for n, v in phases.items():
+            totals[n] += us(v[rows[:, SM] == sm].sum())
+        ends = np.maximum(mine[:, END], mine[:, OTHER_END])
+        totals["between blocks"] += us(np.clip(mine[1:, START] - ends[:-1], 0, None).sum())
+        totals["idle head+tail"] += (mine[0, START_NS] - t0 + t1 - mine[-1, END_NS]) / 1e3
+    whole = sum(totals.values())
+    lines.append(
+        f"  share of {len(sms)} SMs x span: "
+        + ", ".join(f"{n} {100 * v / whole:.1f} %" for n, v in totals.items())
+    )
+    return "\n".join(lines)
+
+
+def prefill_main(lib, shapes: list[str]) -> None:
+    from benchmarks.cases import build_inputs, scale_of
+    from benchmarks.prefill_sm90_probe import force_kernel, prefill_case
+
+    if not hasattr(lib, "xgo_debug_sm90_phase_times"):
+        sys.exit("the library has no xgo_debug_sm90_phase_times: build it with -DXGO_PHASE_TIMES=1")
+    force_kernel(1)
+    for name in shapes:
+        batch, length, head_dim = PREFILL_SHAPES[name]
+        case = prefill_case(batch, length, head_dim)
+        c = build_inputs(case, "cuda", seed=0)
+
+        def call(c=c, case=case):
+            return torch.ops.xla_gpu.paged_attention(*(c[n] for n in OPERANDS), scale_of(case))
+
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        for mode, calls in (("after earlier calls", 3), ("after an idle device", 1)):
+            if lib.xgo_debug_sm90_phase_times(None, 1) != 0:
+                raise RuntimeError("xgo_debug_sm90_phase_times could not reset the table")
+            torch.cuda.synchronize()
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            table = np.zeros((BLOCKS, SM90_SLOTS), dtype=np.uint64)
+            ptr = table.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong))
+            if lib.xgo_debug_sm90_phase_times(ptr, 0) != 0:
+                raise RuntimeError("xgo_debug_sm90_phase_times failed")
+            print(f"{case.name} {mode}:\n{sm90_summary(table)}", flush=True)
+        del c
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ghz", type=float, default=1.98, help="SM clock for clock64 phases")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names")
+    parser.add_argument("--shapes", default=None, help="comma-separated names")
+    parser.add_argument("--prefill", action="store_true", help="the sm_90a prefill kernel")
     args = parser.parse_args()
     path = os.environ.get("XLA_GPU_OPS_LIBRARY")
     if not path:
@@ -75,7 +197,10 @@ def main() -> None:
     lib = ctypes.CDLL(path)
     if not hasattr(lib, "xgo_debug_phase_times"):
         sys.exit(f"{path} has no xgo_debug_phase_times: build it with -DXGO_PHASE_TIMES=1")
-    for name in args.shapes.split(","):
+    if args.prefill:
+        prefill_main(lib, (args.shapes or ",".join(PREFILL_SHAPES)).split(","))
+        return
+    for name in (args.shapes or ",".join(SHAPES)).split(","):
         batch, context, heads = SHAPES[name]
         case = decode_case(batch, context, heads)
         sets = [[build_inputs(case, "cuda", seed=s)[n] for n in OPERANDS] for s in range(4)]

@@ -65,6 +65,56 @@
 
 namespace xgo {
 
+// Phase timestamps of the sm_90a prefill kernel (diagnostic builds only: -DXGO_PHASE_TIMES=1, read
+// by xgo_debug_sm90_phase_times and benchmarks/phase_probe.py --prefill), one row per block of the
+// first kPhaseBlocks: where a block's time goes between the lookup, the first tile, the loop and
+// the epilogue, and (by SM) the gaps between blocks. clock64 cycles unless named otherwise.
+enum Sm90Phase {
+  kSm90StartNs,         // %globaltimer at the block's start (ns, comparable across SMs)
+  kSm90Start,           // thread 0 at the block's start
+  kSm90Sm,              // %smid
+  kSm90Found,           // thread 0: tile looked up (FindPrefillTile)
+  kSm90Split,           // thread 0: barriers initialised, roles split
+  kSm90ProducerFirstK,  // producer thread 0: Q and the first K tile issued
+  kSm90FirstTile,       // consumer 0, thread 0: Q and the first K tile landed
+  kSm90FirstStep,       // consumer 0: the first tile's S and softmax done
+  kSm90Loop,            // consumer 0: the last tile's P V done
+  kSm90End,             // consumer 0: epilogue stored
+  kSm90OtherEnd,        // consumer 1, thread 0: epilogue stored
+  kSm90Tiles,           // K/V tiles of the block
+  kSm90EndNs,           // consumer 0: %globaltimer after the epilogue
+  kSm90ProducerEnd,     // producer thread 0: every copy issued
+  kSm90ProducerQ,       // producer thread 0: Q's copies issued
+  kSm90PhaseSlots = 16
+};
+#if XGO_PHASE_TIMES
+static __device__ unsigned long long g_sm90_phase_times[kPhaseBlocks][kSm90PhaseSlots];
+#endif
+__device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
+#if XGO_PHASE_TIMES
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (block >= kPhaseBlocks) return;
+  unsigned long long t;
+  if (slot == kSm90StartNs || slot == kSm90EndNs) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } else if (slot == kSm90Sm) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    t = sm;
+  } else {
+    t = clock64();
+  }
+  g_sm90_phase_times[block][slot] = t;
+#endif
+}
+__device__ __forceinline__ void StampSm90Value([[maybe_unused]] int slot,
+                                               [[maybe_unused]] unsigned long long value) {
+#if XGO_PHASE_TIMES
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (block < kPhaseBlocks) g_sm90_phase_times[block][slot] = value;
+#endif
+}
+
 template <int kD>
 struct Sm90PrefillConfig {
   static constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
@@ -485,6 +535,7 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
               valid ? 16 : 0);
   }
   CpAsyncArriveNoInc(bars.QFull());
+  if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerQ);
 
   // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
   const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
@@ -556,11 +607,13 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
       }
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
+    if (XGO_PHASE_TIMES && step == 0 && t == 0) StampSm90(kSm90ProducerFirstK);
     if (step > 0) issue_v(step - 1);
     prev_slot = slot;
     prev_tma = tile_tma;
   }
   issue_v(num_tiles - 1);
+  if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerEnd);
   CpAsyncWaitAll();  // no copy outlives its thread
 }
 
@@ -711,6 +764,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     // Step 0: S_0 alone.
     MbarWait(bars.QFull(), 0);
     MbarWait(bars.KFull(0), 0);
+    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstTile);
     FenceProxyAsync();
     FenceRegisters(s);
     WgmmaFence();
@@ -726,6 +780,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     const int key_first = range.key_base + range.tile_begin * kN;
     c.Softmax(p, s, key_first, lane);  // O is zero: nothing to rescale
     C::ToOperand(s, pa);
+    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstStep);
 
     // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; softmax of S_i while
     // the PV runs; then rescale O and convert P_i.
@@ -785,6 +840,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     WgmmaWait<0>();
     FenceRegisters(o);
     MbarArrive(bars.VEmpty(last_stage));
+    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90Loop);
     // Consumer 0 received one turn more than it took (its own first one): take it, so every
     // named-barrier arrival is matched before the block exits.
     if (Cfg::kPingPong && cw == 0) NamedBarrierSync(my_turn, 256);
@@ -841,6 +897,11 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
       }
     }
   }
+  if (XGO_PHASE_TIMES && tw == 0) {
+    StampSm90(cw == 0 ? kSm90End : kSm90OtherEnd);
+    if (cw == 0) StampSm90(kSm90EndNs);
+    if (cw == 0) StampSm90Value(kSm90Tiles, static_cast<unsigned long long>(num_tiles));
+  }
 }
 
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
@@ -872,6 +933,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Split);
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
     Sm90Producer<T, kD>(p, kv_map, s_work, s_range, smem, bars);
@@ -893,6 +955,11 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
 #if XGO_SM90A_DEVICE
   using Cfg = Sm90PrefillConfig<kD>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  if (XGO_PHASE_TIMES && threadIdx.x == 0) {
+    StampSm90(kSm90StartNs);
+    StampSm90(kSm90Start);
+    StampSm90(kSm90Sm);
+  }
   TileWork w;
   int index = 0;
   if (IsShortBlock(g, index)) {
@@ -915,6 +982,7 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     return;
   }
   if (!FindPrefillTile(p, g.num_q_tiles, index, w)) return;
+  if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Found);
   if (!w.seq_ok) {
     PoisonRows<T>(p, w);
     return;

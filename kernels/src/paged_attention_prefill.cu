@@ -203,6 +203,41 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   return kv_map;
 }
 
+// The sm_90a kernel's Q and output tensor maps (Sm90RowTensorMaps) over [T, Hq, D]: Q in boxes of a
+// block's rows, the output in boxes of a warp's 16 rows. Each left with 0 box tokens (the threads
+// copy) where the tensor is not 16-byte aligned, T exceeds INT32_MAX, a box dimension would pass
+// 256, the heads of a block do not divide 16 (output) or the driver refuses.
+template <int kD>
+Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
+  Sm90RowTensorMaps maps{};
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  const int heads = params.heads_per_block;
+  const int tokens = params.tokens_per_tile;
+  if (!XGO_SM90_ROW_TMA || encode == nullptr || params.num_tokens <= 0 || heads <= 0 ||
+      heads > 256 || tokens <= 0 || tokens > 256) {
+    return maps;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
+                              static_cast<cuuint64_t>(params.num_q_heads),
+                              static_cast<cuuint64_t>(params.num_tokens)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * 2,
+                                 static_cast<cuuint64_t>(params.num_q_heads) * kD * 2};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  auto make = [&](CUtensorMap* map, const void* tensor, int box_tokens) {
+    if (reinterpret_cast<uintptr_t>(tensor) % 16 != 0) return 0;
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(heads),
+                               static_cast<cuuint32_t>(box_tokens)};
+    const CUresult result =
+        encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(tensor), dims, strides,
+               box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return result == CUDA_SUCCESS ? box_tokens : 0;
+  };
+  maps.q_box_tokens = make(&maps.q, params.query, tokens);
+  if (16 % heads == 0) maps.out_box_tokens = make(&maps.out, params.out, 16 / heads);
+  return maps;
+}
+
 template <typename T, int kD>
 int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                 cudaStream_t stream) {
@@ -224,7 +259,8 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
     return status;
   }
   kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid,
-                                                         MakeSm90KvTensorMap<kD>(params));
+                                                         MakeSm90KvTensorMap<kD>(params),
+                                                         MakeSm90RowTensorMaps<kD>(params));
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }

@@ -4,12 +4,14 @@
 // (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
 // One block = 3 warpgroups (384 threads), 128 query rows (tokens x the q heads of one kv head):
-//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): Q by cp.async, then K
-//     and V tiles of kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors
-//     read, signalled through mbarriers: whole pages by TMA (one box per page and 64-column
-//     block, Sm90KvTensorMap) where the page size allows, otherwise, and for the tiles that reach
-//     past the block's last key, gathered key by key through the page table with 16-byte
-//     cp.async (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
+//   thread 0, before the role split: Q by TMA (Sm90RowTensorMaps; by the producer's cp.async
+//     where the launch has no Q map);
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): K and V tiles of
+//     kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors read, signalled
+//     through mbarriers: whole pages by TMA (one box per page and 64-column block,
+//     Sm90KvTensorMap) where the page size allows, otherwise, and for the tiles that reach past
+//     the block's last key, gathered key by key through the page table with 16-byte cp.async
+//     (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
 //     [0, num_pages) are zero-filled, never read.
 //   warpgroups 1 and 2, consumers (224 registers, 232 at D = 256): 64 query rows each.
 //     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
@@ -17,7 +19,8 @@
 //     from shared memory MN-major through the transpose bit). Tile i's QK^T is issued together
 //     with tile i-1's PV, so the softmax of tile i overlaps the PV of tile i-1 (intra-warpgroup
 //     overlap); for D <= 128 the two consumers also take turns issuing (named barriers), so one's
-//     softmax overlaps the other's matrix work (ping-pong).
+//     softmax overlaps the other's matrix work (ping-pong). Each warp stores its 16 output rows
+//     through shared memory, by TMA where they are all real rows and the launch has an output map.
 // Short-region blocks (the decodes of a mixed batch) run the decode kernel's body
 // (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
 //
@@ -58,6 +61,9 @@
 #endif
 #ifndef XGO_SM90_KV_TMA
 #define XGO_SM90_KV_TMA 1  // 0: every K/V tile by cp.async (the producer's gather), no tensor map
+#endif
+#ifndef XGO_SM90_ROW_TMA
+#define XGO_SM90_ROW_TMA 1  // 0: Q and O copied by the threads (cp.async, st.global), no TMA
 #endif
 #ifndef XGO_SM90_LOAD_ONCE
 #define XGO_SM90_LOAD_ONCE 0  // 1: each stage filled once, then reused (compute-only bound; wrong output)
@@ -197,6 +203,19 @@ struct Sm90KvTensorMap {
   int box_rows;
 };
 
+// Q and the output through TMA: [T, Hq, D] as a 3-D tensor (d, head, token) with the 128-byte
+// swizzle. A Q box is 64 columns x heads_per_block heads x tokens_per_tile tokens: the block's
+// rows r = token * heads_per_block + head in order, i.e. one 64-column block of Q in shared memory;
+// an output box is one warp's 16 rows (16 / heads_per_block tokens). q_box_tokens /
+// out_box_tokens == 0: no such map (layout or alignment TMA cannot take, no driver entry point);
+// the threads copy instead.
+struct Sm90RowTensorMaps {
+  CUtensorMap q;
+  CUtensorMap out;
+  int q_box_tokens;
+  int out_box_tokens;
+};
+
 // Named barrier ids (0 is __syncthreads): the consumers' issue turns, and the producer warpgroup.
 constexpr int kSm90TurnBarrier = 1;  // + consumer index
 constexpr int kSm90ProducerBarrier = 3;
@@ -267,6 +286,22 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
 }
 __device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// One box of shared memory into a 3-D tensor map's tensor (a bulk group of this thread); boxes
+// reaching outside the tensor are clipped.
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, int c0, int c1, int c2,
+                                           uint32_t src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(src)
+               : "memory");
+}
+// Commits this thread's bulk stores and waits until they have read shared memory.
+__device__ __forceinline__ void TmaStoreCommitAndWaitRead() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// This thread's shared-memory writes (generic proxy) before a bulk copy reads them (async proxy).
+__device__ __forceinline__ void FenceSharedForBulkCopy() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
 // proxy: after observing the data (the full barrier), order it before this thread's wgmma.
@@ -495,7 +530,37 @@ __device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, 
   }
 }
 
-// Warpgroup 0: Q once, then per tile step: K of this step and V of the previous one (the
+// Producer warpgroup, first: Q, unless thread 0 of the block issued it by TMA.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p, bool q_by_tma,
+                                              const TileWork& w, const KeyRange& range,
+                                              unsigned char* smem, const Sm90Barriers& bars) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  const int t = static_cast<int>(threadIdx.x);  // 0..127
+  const int chunk = t % Cfg::kChunksPerRow;
+  const int row0 = t / Cfg::kChunksPerRow;
+  if (range.tile_end <= range.tile_begin) return;  // an empty split: no consumer waits
+  if (q_by_tma) {
+    MbarArrive(bars.QFull());  // thread 0 of the block issued Q's boxes (Sm90PrefillBlock)
+  } else {
+    const T* q = static_cast<const T*>(p.query);
+#pragma unroll 4
+    for (int r = row0; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
+      const bool valid = r < w.rows;
+      const T* src = q;
+      if (valid) {
+        const int token = w.tok0 + r / p.heads_per_block;
+        const int head = w.head0 + r % p.heads_per_block;
+        src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + chunk * 8;
+      }
+      CpAsync16(smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src,
+                valid ? 16 : 0);
+    }
+    CpAsyncArriveNoInc(bars.QFull());
+  }
+}
+
+// Warpgroup 0, after Sm90ProducerQ: per tile step: K of this step and V of the previous one (the
 // consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1} V_{i-1}).
 // Each thread owns one key of the tile for the page-table lookup (its page entry is loaded a tile
 // ahead). A tile whose keys all lie before the block's end goes by TMA when the launch has a
@@ -521,20 +586,6 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
   const int num_tiles = range.tile_end - range.tile_begin;
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
-  const T* q = static_cast<const T*>(p.query);
-#pragma unroll 4
-  for (int r = row0; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
-    const bool valid = r < w.rows;
-    const T* src = q;
-    if (valid) {
-      const int token = w.tok0 + r / p.heads_per_block;
-      const int head = w.head0 + r % p.heads_per_block;
-      src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + chunk * 8;
-    }
-    CpAsync16(smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src,
-              valid ? 16 : 0);
-  }
-  CpAsyncArriveNoInc(bars.QFull());
   if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerQ);
 
   // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
@@ -724,9 +775,11 @@ struct Sm90Consumer {
 };
 
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p, const TileWork& w,
-                                                  const KeyRange& range, unsigned char* smem,
-                                                  const Sm90Barriers& bars, int cw) {
+__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
+                                                  const Sm90RowTensorMaps& row_maps,
+                                                  const TileWork& w, const KeyRange& range,
+                                                  unsigned char* smem, const Sm90Barriers& bars,
+                                                  int cw) {
   using Cfg = Sm90PrefillConfig<kD>;
   using C = Sm90Consumer<T, kD>;
   constexpr int kN = Cfg::kBlockN;
@@ -865,18 +918,34 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
             PackPair<T>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
     }
-    __syncwarp();
-    T* out = static_cast<T*>(p.out);
-    for (int i = lane; i < 16 * Cfg::kChunksPerRow; i += 32) {
-      const int r = row_base + i / Cfg::kChunksPerRow;
-      if (r >= w.rows) break;  // rows ascend with i
-      const int chunk = i % Cfg::kChunksPerRow;
-      const int token = w.tok0 + r / p.heads_per_block;
-      const int head = w.head0 + r % p.heads_per_block;
-      const uint4 staged = *reinterpret_cast<const uint4*>(
-          smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
-      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
-                                chunk * 8) = staged;
+    // A warp whose 16 rows are all real stores them by TMA (one box per 64 columns, issued by
+    // lane 0, no index arithmetic per row); otherwise row by row.
+    if (XGO_SM90_ROW_TMA && row_maps.out_box_tokens > 0 && row_base + 16 <= w.rows) {
+      FenceSharedForBulkCopy();
+      __syncwarp();
+      if (lane == 0) {
+        const uint32_t staged = SharedAddress(smem + Cfg::kQOffset) + row_base * 128;
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb) {
+          TmaStore3d(&row_maps.out, cb * 64, w.head0, w.tok0 + row_base / p.heads_per_block,
+                     staged + cb * (Cfg::kBlockRows * 128));
+        }
+        TmaStoreCommitAndWaitRead();  // shared memory stays the block's until then
+      }
+    } else {
+      __syncwarp();
+      T* out = static_cast<T*>(p.out);
+      for (int i = lane; i < 16 * Cfg::kChunksPerRow; i += 32) {
+        const int r = row_base + i / Cfg::kChunksPerRow;
+        if (r >= w.rows) break;  // rows ascend with i
+        const int chunk = i % Cfg::kChunksPerRow;
+        const int token = w.tok0 + r / p.heads_per_block;
+        const int head = w.head0 + r % p.heads_per_block;
+        const uint4 staged = *reinterpret_cast<const uint4*>(
+            smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
+                                  chunk * 8) = staged;
+      }
     }
   } else {
 #pragma unroll
@@ -907,8 +976,9 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
-                                                 const Sm90KvTensorMap& kv_map, const TileWork& w,
-                                                 unsigned char* smem_raw) {
+                                                 const Sm90KvTensorMap& kv_map,
+                                                 const Sm90RowTensorMaps& row_maps,
+                                                 const TileWork& w, unsigned char* smem_raw) {
   using Cfg = Sm90PrefillConfig<kD>;
   const uint32_t raw = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -918,6 +988,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
   // registers through the main loops (the consumers' epilogue reads it again).
   __shared__ TileWork s_work;
   __shared__ KeyRange s_range;
+  const bool q_by_tma = XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0;
   if (threadIdx.x == 0) {
     s_work = w;
     s_range = SplitKeyRange<Cfg::kBlockN>(p, w);
@@ -931,15 +1002,27 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
       MbarInit(bars.VEmpty(s), 128 * Cfg::kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    // Q by TMA from here, before the role split: the producer's cp.async path took ~3 us to
+    // issue Q's 32 KB (D 128) while the first K tile waited behind it.
+    if (q_by_tma) {
+      MbarExpectTx(bars.QFull(), static_cast<uint32_t>(row_maps.q_box_tokens) *
+                                     p.heads_per_block * kD * 2);
+#pragma unroll
+      for (int cb = 0; cb < kD / 64; ++cb) {
+        TmaLoad3d(SharedAddress(smem + Cfg::kQOffset) + cb * (Cfg::kBlockRows * 128), &row_maps.q,
+                  cb * 64, w.head0, w.tok0, bars.QFull());
+      }
+    }
   }
   __syncthreads();
   if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Split);
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
+    Sm90ProducerQ<T, kD>(p, q_by_tma, s_work, s_range, smem, bars);
     Sm90Producer<T, kD>(p, kv_map, s_work, s_range, smem, bars);
   } else {
     SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
-    Sm90ConsumerBlock<T, kD>(p, s_work, s_range, smem, bars,
+    Sm90ConsumerBlock<T, kD>(p, row_maps, s_work, s_range, smem, bars,
                              static_cast<int>(threadIdx.x) / 128 - 1);
   }
 }
@@ -951,7 +1034,8 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,
                                     PrefillGrid g,
-                                    const __grid_constant__ Sm90KvTensorMap kv_map) {
+                                    const __grid_constant__ Sm90KvTensorMap kv_map,
+                                    const __grid_constant__ Sm90RowTensorMaps row_maps) {
 #if XGO_SM90A_DEVICE
   using Cfg = Sm90PrefillConfig<kD>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -987,7 +1071,7 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     PoisonRows<T>(p, w);
     return;
   }
-  Sm90PrefillBlock<T, kD>(p, kv_map, w, smem_raw);
+  Sm90PrefillBlock<T, kD>(p, kv_map, row_maps, w, smem_raw);
 #endif
 }
 

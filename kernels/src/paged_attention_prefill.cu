@@ -205,8 +205,8 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
 
 // The sm_90a kernel's Q and output tensor maps (Sm90RowTensorMaps) over [T, Hq, D]: Q in boxes of a
 // block's rows, the output in boxes of a warp's 16 rows. Each left with 0 box tokens (the threads
-// copy) where the tensor is not 16-byte aligned, T exceeds INT32_MAX, a box dimension would pass
-// 256, the heads of a block do not divide 16 (output) or the driver refuses.
+// copy) where the tensor is not 16-byte aligned, a box dimension would pass 256, the heads of a
+// block do not divide 16 (output) or the driver refuses.
 template <int kD>
 Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
   Sm90RowTensorMaps maps{};

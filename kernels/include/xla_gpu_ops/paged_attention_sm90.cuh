@@ -705,8 +705,9 @@ struct Sm90Consumer {
   __device__ __forceinline__ bool Softmax(const PagedAttentionParams& p, float (&s)[kS], int key0,
                                           int lane) {
     const float scale2 = p.scale * kLog2e;
-    // Every real row of this consumer sees every key of the tile: no mask. (Padding rows get
-    // finite values on such tiles; they are never stored.)
+    // Every real row of this consumer sees every key of the tile: no mask. (Padding rows hold
+    // other tokens' Q, or stale shared memory where 128 rows are not whole tokens: values of any
+    // kind, rows of their own through both products and the softmax, never stored.)
     const bool visible = key0 + kN - 1 <= wg_lo_pos &&
                          (p.sliding_window == 0 || key0 > wg_hi_pos - p.sliding_window);
     // D 256 always scales: its one-FFMA form measured ~1 % slower there (with the check below).
@@ -728,7 +729,7 @@ struct Sm90Consumer {
         }
       } else {
 #pragma unroll
-        for (int i = 0; i < kS; ++i) s[i] *= scale2;
+        for (int i = 0; i < kS; ++i) s[i] = __fmul_rn(s[i], scale2);  // never fused: see below
       }
       if (!visible) {
         const int key_lane = key0 + 2 * (lane % 4);
@@ -749,10 +750,11 @@ struct Sm90Consumer {
     // The FFMA exp2(s * scale2 - max) gives the largest score exp2 of its product's rounding
     // error, not exp2(0): under 2^-9 while |max| < 2^15, up to half an ulp past it (0 or inf at
     // logits ~1e11). There the scores are scaled first, as on masked tiles: the maximum (the
-    // rounded product; rounding keeps the order) is then one of them exactly.
+    // rounded product; rounding keeps the order) is then one of them exactly (mul.rn: a multiply
+    // fused into the FFMA below would be the one-FFMA form again).
     if (fold_scale && fmaxf(fabsf(softmax.base[0]), fabsf(softmax.base[1])) >= 32768.0f) {
 #pragma unroll
-      for (int i = 0; i < kS; ++i) s[i] *= scale2;
+      for (int i = 0; i < kS; ++i) s[i] = __fmul_rn(s[i], scale2);
       mult = 1.0f;
     }
 #pragma unroll
@@ -990,8 +992,9 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
   __shared__ KeyRange s_range;
   const bool q_by_tma = XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0;
   if (threadIdx.x == 0) {
+    const KeyRange range = SplitKeyRange<Cfg::kBlockN>(p, w);
     s_work = w;
-    s_range = SplitKeyRange<Cfg::kBlockN>(p, w);
+    s_range = range;
     MbarInit(bars.QFull(), 128);
     for (int s = 0; s < Cfg::kKStages; ++s) {
       MbarInit(bars.KFull(s), 128);                    // one cp.async arrival per producer thread
@@ -1003,8 +1006,9 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     // Q by TMA from here, before the role split: the producer's cp.async path took ~3 us to
-    // issue Q's 32 KB (D 128) while the first K tile waited behind it.
-    if (q_by_tma) {
+    // issue Q's 32 KB (D 128) while the first K tile waited behind it. Not for an empty split:
+    // nothing would wait for the copy before the block exits.
+    if (q_by_tma && range.tile_end > range.tile_begin) {
       MbarExpectTx(bars.QFull(), static_cast<uint32_t>(row_maps.q_box_tokens) *
                                      p.heads_per_block * kD * 2);
 #pragma unroll

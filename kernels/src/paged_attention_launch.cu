@@ -399,13 +399,6 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
 // to `host`, or zeroes it when `reset` is nonzero. Returns 0 on success.
 extern "C" __attribute__((visibility("default"))) int xgo_debug_phase_times(
     unsigned long long* host, int reset) {
-  if (reset) {
-    void* table = nullptr;
-    if (cudaGetSymbolAddress(&table, xgo::g_phase_times) != cudaSuccess) return 1;
-    return cudaMemset(table, 0, sizeof(xgo::g_phase_times)) == cudaSuccess ? 0 : 1;
-  }
-  return cudaMemcpyFromSymbol(host, xgo::g_phase_times, sizeof(xgo::g_phase_times)) == cudaSuccess
-             ? 0
-             : 1;
+  return xgo::CopyOrResetPhaseTable(xgo::g_phase_times, host, reset);
 }
 #endif

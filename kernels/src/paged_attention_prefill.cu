@@ -383,14 +383,6 @@ extern "C" XGO_EXPORT int32_t xgo_debug_sm90_prefill_available(void) {
 // Diagnostic builds: copies the sm_90a prefill kernel's phase table ([8192][16] uint64, see
 // Sm90Phase) to `host`, or zeroes it when `reset` is nonzero. Returns 0 on success.
 extern "C" XGO_EXPORT int32_t xgo_debug_sm90_phase_times(unsigned long long* host, int32_t reset) {
-  if (reset) {
-    void* table = nullptr;
-    if (cudaGetSymbolAddress(&table, xgo::g_sm90_phase_times) != cudaSuccess) return 1;
-    return cudaMemset(table, 0, sizeof(xgo::g_sm90_phase_times)) == cudaSuccess ? 0 : 1;
-  }
-  return cudaMemcpyFromSymbol(host, xgo::g_sm90_phase_times, sizeof(xgo::g_sm90_phase_times)) ==
-                 cudaSuccess
-             ? 0
-             : 1;
+  return xgo::CopyOrResetPhaseTable(xgo::g_sm90_phase_times, host, reset);
 }
 #endif

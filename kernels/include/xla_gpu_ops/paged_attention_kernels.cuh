@@ -59,6 +59,18 @@ constexpr int kPhaseBlocks = 8192;
 constexpr int kPhaseSlots = 8;
 #if XGO_PHASE_TIMES
 static __device__ unsigned long long g_phase_times[kPhaseBlocks][kPhaseSlots];
+
+// Host side of the diagnostic exports: copies a phase table (a __device__ array) to `host`, or
+// zeroes it when `reset` is nonzero. Returns 0 on success.
+template <typename Table>
+inline int CopyOrResetPhaseTable(const Table& table, void* host, int reset) {
+  if (reset) {
+    void* device = nullptr;
+    if (cudaGetSymbolAddress(&device, table) != cudaSuccess) return 1;
+    return cudaMemset(device, 0, sizeof(Table)) == cudaSuccess ? 0 : 1;
+  }
+  return cudaMemcpyFromSymbol(host, table, sizeof(Table)) == cudaSuccess ? 0 : 1;
+}
 #endif
 __device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
 #if XGO_PHASE_TIMES

@@ -96,10 +96,16 @@ enum Sm90Phase {
 #if XGO_PHASE_TIMES
 static __device__ unsigned long long g_sm90_phase_times[kPhaseBlocks][kSm90PhaseSlots];
 #endif
-__device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
+__device__ __forceinline__ void StampSm90Value([[maybe_unused]] int slot,
+                                               [[maybe_unused]] unsigned long long value) {
 #if XGO_PHASE_TIMES
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (block >= kPhaseBlocks) return;
+  if (block < kPhaseBlocks) g_sm90_phase_times[block][slot] = value;
+#endif
+}
+// The slot's reading: %globaltimer, %smid or clock64 (see Sm90Phase).
+__device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
+#if XGO_PHASE_TIMES
   unsigned long long t;
   if (slot == kSm90StartNs || slot == kSm90EndNs) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -110,14 +116,7 @@ __device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
   } else {
     t = clock64();
   }
-  g_sm90_phase_times[block][slot] = t;
-#endif
-}
-__device__ __forceinline__ void StampSm90Value([[maybe_unused]] int slot,
-                                               [[maybe_unused]] unsigned long long value) {
-#if XGO_PHASE_TIMES
-  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (block < kPhaseBlocks) g_sm90_phase_times[block][slot] = value;
+  StampSm90Value(slot, t);
 #endif
 }
 

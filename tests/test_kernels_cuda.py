@@ -496,6 +496,22 @@ def test_sm90_and_mma_prefill_kernels_agree(head_dim):
     assert not torch.equal(new, old), "both runs took the same kernel"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("bad", [0, 3])
+def test_prefill_persistent_blocks_poison_one_sequence(head_dim, bad):
+    """Enough 128-row tiles (~470) that on Hopper the sm_90a launch is persistent (one block per
+    SM, each taking further tiles from a counter): a sequence with a page out of range gets NaN
+    rows, and the tiles a block takes after it (and before) stay correct."""
+    seed = fresh_seed()
+    specs = ((400, 700), (300, 300), (129, 1000), (500, 520), (1, 64), (480, 480))
+    inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=3)
+    expected = reference.paged_attention(**inputs, scale=default_scale(head_dim),
+                                         compute_dtype=torch.float64)  # fmt: skip
+    inputs["block_tables"][bad, 2] = inputs["kv_cache"].shape[0]
+    out = run_cuda(inputs, scale=default_scale(head_dim))
+    _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
+
+
 def _poison_unused_slots(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """NaN in every cache slot no live sequence's context covers: the tail of each last page and
     the pages no sequence uses."""

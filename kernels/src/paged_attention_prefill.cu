@@ -54,8 +54,11 @@ struct PrefillLaunch {
   dim3 blocks;
 };
 
+// persistent_slots > 0 (the sm_90a kernel): a one-split launch with more items than that gets
+// that many prefill blocks, which go on to the next item until none is left (NextPrefillItem).
 int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& params,
-                          int block_rows, int64_t slots, PrefillLaunch* launch) {
+                          int block_rows, int64_t slots, int64_t persistent_slots,
+                          PrefillLaunch* launch) {
   // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
   // tile shape, so this kernel picks its own grid: block_rows = tokens_per_tile tokens x heads.
   params.tokens_per_tile = block_rows / params.heads_per_block;
@@ -72,15 +75,19 @@ int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& 
   params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, slots);
   // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
   // several splits only come with few blocks.
-  const int64_t prefill_blocks = blocks_per_split * params.num_splits;
+  const bool persistent =
+      persistent_slots > 0 && params.num_splits == 1 && blocks_per_split > persistent_slots;
+  const int64_t prefill_blocks =
+      persistent ? persistent_slots : blocks_per_split * params.num_splits;
   const int64_t short_blocks =
       static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
   launch->grid = PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks),
-                             static_cast<int>(short_blocks)};
+                             static_cast<int>(short_blocks), static_cast<int>(blocks_per_split),
+                             persistent};
   // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
   launch->blocks = short_blocks > 0
                        ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
-                       : dim3(static_cast<unsigned>(blocks_per_split), 1u,
+                       : dim3(static_cast<unsigned>(prefill_blocks / params.num_splits), 1u,
                               static_cast<unsigned>(params.num_splits));
   return XGO_OK;
 }
@@ -99,7 +106,8 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
     return status;
   }
   PrefillLaunch launch{};
-  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, &launch);
+  if (const int32_t status =
+          MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, 0, &launch);
       status != XGO_OK) {
     return status;
   }
@@ -254,7 +262,11 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
     return Fail(XGO_CUDA_ERROR, "paged_attention: no sm_90a code for the wgmma prefill kernel");
   }
   PrefillLaunch launch{};
-  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, &launch);
+  // Persistent: one block per SM slot (the phase timestamps showed ~4 us of each block's ~19 us
+  // at B8 x 2k, D 128, in its lookup, set-up, first tile and epilogue, which the producer now
+  // overlaps with the item before).
+  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots,
+                                               XGO_SM90_PERSISTENT ? info.slots : 0, &launch);
       status != XGO_OK) {
     return status;
   }

@@ -137,7 +137,10 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int n = *p.num_seqs;
   const bool ok = RowPartitionIsSound(p);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) p.flags[0] = ok ? 1 : 0;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) {
+    p.flags[0] = ok ? 1 : 0;
+    p.flags[kWorkCounterWord] = 0;  // NextPrefillItem's counter
+  }
 
   // Short region: slot order longest short sequence first, so the longest decodes start in the
   // first wave and the short ones fill the tail (the launcher cannot see the lengths). A slot's
@@ -381,12 +384,15 @@ __device__ __forceinline__ void StorePartState(const PagedAttentionParams& p, co
   (w.by_sequence ? p.short_state : p.partial_state)[PartRow(p, w, token, head)] = {max, sum};
 }
 
-// A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts).
+// A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts),
+// shared by `threads` threads of which this is `thread` (by default the whole block).
 template <typename T>
-__device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w) {
+__device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w,
+                           int thread = static_cast<int>(threadIdx.x),
+                           int threads = static_cast<int>(blockDim.x)) {
   const int vecs = p.head_dim / 4;
   const float nan = QuietNaN();
-  for (int i = threadIdx.x; i < w.rows * vecs; i += blockDim.x) {
+  for (int i = thread; i < w.rows * vecs; i += threads) {
     const int r = i / vecs;
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;

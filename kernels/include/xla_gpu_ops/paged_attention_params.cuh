@@ -13,7 +13,9 @@
 namespace xgo {
 
 // Workspace (float32 elements), in this order:
-//   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent
+//   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent;
+//                                     word 1 (kWorkCounterWord): the persistent sm_90a prefill
+//                                     blocks' work counter, zeroed by the prep kernel
 //   [kFlagsHeader, + round32(S * C))  per sequence slot and chunk of kPrepPages block_tables
 //                                     entries (C chunks): 1 if that part of its metadata is sound
 //   state [splits, T, Hq] (PartState) per-split softmax state: maximum and sum, two floats
@@ -24,6 +26,7 @@ namespace xgo {
 //   short state [short_splits, S, short_tokens, Hq]   the same as state / out, for the short
 //   short out [short_splits, S, short_tokens, Hq, D]  sequences (only when > 1 split)
 constexpr int64_t kFlagsHeader = 32;
+constexpr int64_t kWorkCounterWord = 1;
 
 // One KV split's softmax state of a row (log2 domain): the maximum logit and the sum of
 // exp2(logit - max), kept apart because one float max + log2(sum) loses the sum once |max| passes

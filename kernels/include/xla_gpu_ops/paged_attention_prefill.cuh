@@ -58,13 +58,27 @@ struct PrefillConfig {
   static_assert(kBlockRows == kPrefillBlockRows, "the plan and the grid limits assume 128 rows");
 };
 
-// The launch's block counts: prefill tiles (num_q_tiles x head blocks x splits) and short
-// sequence blocks (S x head blocks x short_splits; 0 without a short region).
+// The launch's block counts: prefill blocks and short sequence blocks (S x head blocks x
+// short_splits; 0 without a short region). The prefill region has prefill_items work items per
+// split (num_q_tiles x head blocks, FindPrefillTile): one per block (prefill_blocks = items x
+// splits), or, for a persistent launch (one split), prefill_blocks blocks that take the first
+// prefill_blocks items by index and the rest from NextPrefillItem.
 struct PrefillGrid {
   int64_t num_q_tiles;
   int prefill_blocks;
   int short_blocks;
+  int prefill_items;
+  bool persistent;
 };
+
+// A persistent block's next prefill item (prefill_items: none left): the items after the first
+// wave go one at a time to whichever block asks first, through the workspace counter the prep
+// kernel zeroed, so blocks that drew short (causal, early) tiles take more of them.
+__device__ __forceinline__ int NextPrefillItem(const PagedAttentionParams& p,
+                                               const PrefillGrid& g) {
+  if (!g.persistent) return g.prefill_items;
+  return min(g.prefill_items, g.prefill_blocks + atomicAdd(p.flags + kWorkCounterWord, 1));
+}
 
 // Short-region decode blocks (MmaTileBlock, 64-key tiles) run in the prefill launch's shared
 // memory, max(prefill, short): 2 K/V stages fit in the prefill block's (3 stages, 100 KB,

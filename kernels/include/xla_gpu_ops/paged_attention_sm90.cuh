@@ -3,12 +3,16 @@
 // workspace, split protocol and short region as PagedAttentionPrefillKernel
 // (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
-// One block = 3 warpgroups (384 threads), 128 query rows (tokens x the q heads of one kv head):
-//   thread 0, before the role split: Q by TMA (Sm90RowTensorMaps; by the producer's cp.async
-//     where the launch has no Q map);
-//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): K and V tiles of
-//     kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors read, signalled
-//     through mbarriers: whole pages by TMA (one box per page and 64-column block,
+// One block = 3 warpgroups (384 threads) working through items of 128 query rows (tokens x the
+// q heads of one kv head): one item per block, or, in a persistent launch (one block per SM), the
+// block's first item and then whichever item is next (NextPrefillItem). The producer runs ahead
+// into the next item (its lookup, Q into the other Q buffer, its first K/V tiles) while the
+// consumers finish the current one.
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): thread 0 looks the
+//     items up and publishes them in shared memory (Sm90Item); Q by TMA from thread 0
+//     (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch has no Q map); K and V
+//     tiles of kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors read,
+//     signalled through mbarriers: whole pages by TMA (one box per page and 64-column block,
 //     Sm90KvTensorMap) where the page size allows, otherwise, and for the tiles that reach past
 //     the block's last key, gathered key by key through the page table with 16-byte cp.async
 //     (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
@@ -64,6 +68,9 @@
 #endif
 #ifndef XGO_SM90_ROW_TMA
 #define XGO_SM90_ROW_TMA 1  // 0: Q and O copied by the threads (cp.async, st.global), no TMA
+#endif
+#ifndef XGO_SM90_PERSISTENT
+#define XGO_SM90_PERSISTENT 1  // 0: one block per item (the launch's grid holds every item)
 #endif
 #ifndef XGO_SM90_LOAD_ONCE
 #define XGO_SM90_LOAD_ONCE 0  // 1: each stage filled once, then reused (compute-only bound; wrong output)
@@ -137,13 +144,20 @@ struct Sm90PrefillConfig {
   static constexpr int kTileBytes = kBlockN * kD * 2;
   // Shared memory (bytes from a 1024-byte aligned base: the 128-byte swizzle repeats every 8 rows
   // of 128 bytes, and wgmma descriptors assume that phase; see SwizzledOffset).
-  static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90Producer)
-  static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90ProducerItem)
+  static constexpr int kKvBytes = (kKStages + kVStages) * kTileBytes;
+  static constexpr int kTableAndBarrierBytes = kSlotBuffers * kBlockN * 8 + 64 + 1024;
+  // Q buffers: two where they fit (D <= 128), so a persistent block's producer loads the next
+  // item's Q while the consumers still read the current one (or stage their output in it).
+  static constexpr int kQStages =
+      2 * kQBytes + kKvBytes + kTableAndBarrierBytes <= 227 * 1024 ? 2 : 1;
+  static constexpr int kQOffset = 0;  // buffer b at kQOffset + b * kQBytes
+  static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kKStages * kTileBytes;
   static constexpr int kSlotOffset = kVOffset + kVStages * kTileBytes;
   static constexpr int kBarrierOffset = kSlotOffset + kSlotBuffers * kBlockN * 8;
-  static constexpr int kNumBarriers = 1 + 2 * (kKStages + kVStages);  // Q; K, V full/empty
+  // Q full/empty per buffer; K, V full/empty per stage.
+  static constexpr int kNumBarriers = 2 * (kQStages + kKStages + kVStages);
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
   static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
@@ -177,19 +191,31 @@ struct Sm90PrefillConfig {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 };
 
-// Barrier indices in the barrier array.
+// Barrier addresses in the barrier array: Q full / empty per Q buffer, then K and V full / empty
+// per stage.
+template <int kD>
 struct Sm90Barriers {
+  using Cfg = Sm90PrefillConfig<kD>;
+  static constexpr int kQ = Cfg::kQStages, kK = Cfg::kKStages, kV = Cfg::kVStages;
   uint32_t base;  // shared address of barrier 0
-  int k_stages, v_stages;
-  __device__ __forceinline__ uint32_t QFull() const { return base; }
-  __device__ __forceinline__ uint32_t KFull(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ uint32_t KEmpty(int s) const { return base + 8 * (1 + k_stages + s); }
+  __device__ __forceinline__ uint32_t QFull(int b) const { return base + 8 * b; }
+  __device__ __forceinline__ uint32_t QEmpty(int b) const { return base + 8 * (kQ + b); }
+  __device__ __forceinline__ uint32_t KFull(int s) const { return base + 8 * (2 * kQ + s); }
+  __device__ __forceinline__ uint32_t KEmpty(int s) const { return base + 8 * (2 * kQ + kK + s); }
   __device__ __forceinline__ uint32_t VFull(int s) const {
-    return base + 8 * (1 + 2 * k_stages + s);
+    return base + 8 * (2 * kQ + 2 * kK + s);
   }
   __device__ __forceinline__ uint32_t VEmpty(int s) const {
-    return base + 8 * (1 + 2 * k_stages + v_stages + s);
+    return base + 8 * (2 * kQ + 2 * kK + kV + s);
   }
+};
+
+// One work item as the producer publishes it to the consumers (in shared memory, one per Q
+// buffer, complete when the buffer's Q full barrier is): more == false ends the block.
+struct Sm90Item {
+  TileWork w;
+  KeyRange range;  // empty for a poisoned sequence (its rows get NaN) and for an empty KV split
+  bool more;
 };
 
 // K/V through the tensor memory accelerator (TMA): the cache [P, page_size, 2 Hkv, D] as a 3-D
@@ -498,6 +524,25 @@ XGO_DEFINE_WGMMA_RS(__half, "f16", 256)
 #undef XGO_DEFINE_WGMMA
 #undef XGO_DEFINE_WGMMA_RS
 
+// Warp-uniform values for the compiler. WarpUniform: lane 0's copy of a value every lane already
+// agrees on (an item's fields, read from shared memory); UniformMod: x % kM rebuilt from warp
+// votes. With the item's tile counts passed through the first and the stage bases through the
+// second, the stage arithmetic and the wgmma descriptors stay in uniform registers, as in a block
+// of one item; from plain shared-memory loads ptxas built every descriptor per thread before each
+// wgmma (7 % slower per tile on an H100) and spilled at D = 256.
+template <typename V>
+__device__ __forceinline__ V WarpUniform(V value) {
+  return __shfl_sync(0xffffffffu, value, 0);
+}
+template <int kM>
+__device__ __forceinline__ int UniformMod(int x) {
+  const int r = x % kM;
+  int out = 0;
+#pragma unroll
+  for (int b = 0; (1 << b) < kM; ++b) out |= __any_sync(0xffffffffu, (r >> b) & 1) << b;
+  return out;
+}
+
 // ---------------------------------------------------------------- producer warpgroup
 // Copies rows [row0, row0 + kRowsPerPass, ...) of one K or V tile, 16-byte chunk `chunk` of each:
 // the row's cache offset (elements, -1: zero-fill) comes from the key table the producer
@@ -529,22 +574,34 @@ __device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, 
   }
 }
 
-// Producer warpgroup, first: Q, unless thread 0 of the block issued it by TMA.
+// Producer warpgroup, per item, first: Q into the item's buffer, by TMA from thread 0 where the
+// launch has a Q map, otherwise by every thread's cp.async (the 16-byte chunks of a
+// Sm90PrefillConfig row pass). An item without tiles (an empty KV split, a poisoned sequence) loads
+// none: its consumers only store.
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p, bool q_by_tma,
-                                              const TileWork& w, const KeyRange& range,
-                                              unsigned char* smem, const Sm90Barriers& bars) {
+__device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
+                                              const Sm90RowTensorMaps& row_maps, const TileWork& w,
+                                              bool has_tiles, unsigned char* q_buffer,
+                                              uint32_t full) {
   using Cfg = Sm90PrefillConfig<kD>;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
-  const int chunk = t % Cfg::kChunksPerRow;
-  const int row0 = t / Cfg::kChunksPerRow;
-  if (range.tile_end <= range.tile_begin) return;  // an empty split: no consumer waits
-  if (q_by_tma) {
-    MbarArrive(bars.QFull());  // thread 0 of the block issued Q's boxes (Sm90PrefillBlock)
+  if (!has_tiles) {
+    MbarArrive(full);
+  } else if (XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0) {
+    if (t == 0) {
+      MbarExpectTx(full, static_cast<uint32_t>(row_maps.q_box_tokens) * p.heads_per_block * kD * 2);
+#pragma unroll
+      for (int cb = 0; cb < kD / 64; ++cb) {
+        TmaLoad3d(SharedAddress(q_buffer) + cb * (Cfg::kBlockRows * 128), &row_maps.q, cb * 64,
+                  w.head0, w.tok0, full);
+      }
+    }
+    MbarArrive(full);
   } else {
+    const int chunk = t % Cfg::kChunksPerRow;
     const T* q = static_cast<const T*>(p.query);
 #pragma unroll 4
-    for (int r = row0; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
+    for (int r = t / Cfg::kChunksPerRow; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
       const bool valid = r < w.rows;
       const T* src = q;
       if (valid) {
@@ -552,37 +609,39 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p, boo
         const int head = w.head0 + r % p.heads_per_block;
         src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + chunk * 8;
       }
-      CpAsync16(smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src,
-                valid ? 16 : 0);
+      CpAsync16(q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src, valid ? 16 : 0);
     }
-    CpAsyncArriveNoInc(bars.QFull());
+    CpAsyncArriveNoInc(full);
   }
 }
 
-// Warpgroup 0, after Sm90ProducerQ: per tile step: K of this step and V of the previous one (the
-// consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1} V_{i-1}).
-// Each thread owns one key of the tile for the page-table lookup (its page entry is loaded a tile
-// ahead). A tile whose keys all lie before the block's end goes by TMA when the launch has a
-// tensor map: the threads that own a box's first key issue it (no per-row work); the others only
-// arrive. Any other tile (the last one or two of a block, or every tile without a tensor map) is
-// gathered by cp.async: every thread writes its key's cache offset into a table in shared memory
-// and, after a warpgroup barrier, copies chunk t % kChunksPerRow of rows t / kChunksPerRow +
-// k kRowsPerPass, zero-filling keys past the end. (Measured on an H100, B1 x 8k, D 128: with
-// cp.async alone the producer's per-row instructions bounded the kernel, 1445 us, against 989 us
-// with the loads removed.) The tables rotate through 3 buffers: V of step i - 1 still reads table
-// i - 1 while table i + 1 is written, and a thread writing table i + 2 has passed the barrier of
-// step i + 1, which every thread reaches only after its copies of step i (K_i, V_{i-1}).
+// Warpgroup 0, per item after Sm90ProducerQ: per tile step: K of this step and V of the previous
+// one (the consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1}
+// V_{i-1}). Stages, phases and tables follow the block's tile count over its items (tiles_done
+// before this one), so the pipeline runs on from one item into the next. Each thread owns one key
+// of the tile for the page-table lookup (its page entry is loaded a tile ahead). A tile whose keys
+// all lie before the block's end goes by TMA when the launch has a tensor map: the threads that own
+// a box's first key issue it (no per-row work); the others only arrive. Any other tile (the last
+// one or two of a block, or every tile without a tensor map) is gathered by cp.async: every thread
+// writes its key's cache offset into a table in shared memory and, after a warpgroup barrier,
+// copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass, zero-filling keys past
+// the end. (Measured on an H100, B1 x 8k, D 128: with cp.async alone the producer's per-row
+// instructions bounded the kernel, 1445 us, against 989 us with the loads removed.) The tables
+// rotate through 3 buffers: V of step i - 1 still reads table i - 1 while table i + 1 is written,
+// and a thread writing table i + 2 has passed the barrier of step i + 1, which every thread reaches
+// only after its copies of step i (K_i, V_{i-1}); the barriers between items (Sm90ProducerBlock)
+// keep that order across them.
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
-                                             const Sm90KvTensorMap& kv_map, const TileWork& w,
-                                             const KeyRange& range, unsigned char* smem,
-                                             const Sm90Barriers& bars) {
+__device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
+                                                 const Sm90KvTensorMap& kv_map, const TileWork& w,
+                                                 const KeyRange& range, unsigned char* smem,
+                                                 const Sm90Barriers<kD>& bars, int tiles_done,
+                                                 int num_tiles) {
   using Cfg = Sm90PrefillConfig<kD>;
   constexpr int kN = Cfg::kBlockN;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   const int chunk = t % Cfg::kChunksPerRow;
   const int row0 = t / Cfg::kChunksPerRow;
-  const int num_tiles = range.tile_end - range.tile_begin;
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
   if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerQ);
@@ -595,12 +654,11 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
   const uint32_t v_tiles = SharedAddress(smem + Cfg::kVOffset);
   const bool tma = XGO_SM90_KV_TMA && kv_map.box_rows > 0;
   const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
-  if (tma && t == 0) TmaPrefetchDescriptor(&kv_map.map);
   int key = range.key_base + range.tile_begin * kN + t;
   int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
   int prev_slot = 0;        // the box's cache slot in the previous tile (its V goes now)
   bool prev_tma = false;    // whether the previous tile went by TMA
-  // V of tile `prev` (the previous step's: its slot and way of loading) into its stage.
+  // V of the block's tile `prev` (the previous step's: its slot and way of loading) into its stage.
   auto issue_v = [&](int prev) {
     const int stage = prev % Cfg::kVStages;
     MbarWait(bars.VEmpty(stage), ((prev / Cfg::kVStages) & 1) ^ 1);
@@ -619,7 +677,8 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
   };
 #pragma unroll 1
   for (int step = 0; step < num_tiles; ++step) {
-    int64_t* table_now = slots + (step % Cfg::kSlotBuffers) * kN;
+    const int tile = tiles_done + step;  // the block's tile count
+    int64_t* table_now = slots + (tile % Cfg::kSlotBuffers) * kN;
     const int key0 = range.key_base + (range.tile_begin + step) * kN;
     const bool tile_tma = tma && key0 + kN <= range.key_end;  // every key before the end
     int slot = 0;
@@ -642,10 +701,10 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
       page = key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
     }
     NamedBarrierSync(kSm90ProducerBarrier, 128);
-    const int stage = step % Cfg::kKStages;
-    const uint32_t phase = (step / Cfg::kKStages) & 1;
+    const int stage = tile % Cfg::kKStages;
+    const uint32_t phase = (tile / Cfg::kKStages) & 1;
     MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
-    if (!XGO_SM90_LOAD_ONCE || step < Cfg::kKStages) {
+    if (!XGO_SM90_LOAD_ONCE || tile < Cfg::kKStages) {
       if (tile_tma) {
         if (box_owner) {
           Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
@@ -658,12 +717,64 @@ __device__ __forceinline__ void Sm90Producer(const PagedAttentionParams& p,
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
     if (XGO_PHASE_TIMES && step == 0 && t == 0) StampSm90(kSm90ProducerFirstK);
-    if (step > 0) issue_v(step - 1);
+    if (step > 0) issue_v(tile - 1);
     prev_slot = slot;
     prev_tma = tile_tma;
   }
-  issue_v(num_tiles - 1);
+  issue_v(tiles_done + num_tiles - 1);
   if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerEnd);
+}
+
+// Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (the block's
+// first item by its index, then NextPrefillItem) once the consumers have released the item's Q
+// buffer, and publishes it in `items` (the Q buffer's slot); the warpgroup then loads its Q, K
+// and V while the consumers still work on the one before, ahead by up to kQStages items and by
+// the stages. An item without a tile (the lookup's end) is published with more == false.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
+                                                  const PrefillGrid& g, int index,
+                                                  const Sm90KvTensorMap& kv_map,
+                                                  const Sm90RowTensorMaps& row_maps,
+                                                  unsigned char* smem, const Sm90Barriers<kD>& bars,
+                                                  Sm90Item* items) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  const int t = static_cast<int>(threadIdx.x);  // 0..127
+  if (t == 0) {
+    if (XGO_SM90_KV_TMA && kv_map.box_rows > 0) TmaPrefetchDescriptor(&kv_map.map);
+    if (XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0) TmaPrefetchDescriptor(&row_maps.q);
+  }
+  int tiles_done = 0;
+#pragma unroll 1
+  for (int n = 0;; ++n) {
+    const int qb = n % Cfg::kQStages;
+    Sm90Item& item = items[qb];
+    // Every thread is done with the item this slot held (one Q buffer: the previous one) before
+    // thread 0 writes it again.
+    NamedBarrierSync(kSm90ProducerBarrier, 128);
+    if (t == 0) {
+      MbarWait(bars.QEmpty(qb), ((n / Cfg::kQStages) & 1) ^ 1);  // the first use does not wait
+      bool found = false;
+      while (!found && index < g.prefill_items) {
+        found = FindPrefillTile(p, g.num_q_tiles, index, item.w);
+        index = NextPrefillItem(p, g);
+      }
+      item.more = found;
+      if (found) {
+        item.range = item.w.seq_ok ? SplitKeyRange<Cfg::kBlockN>(p, item.w) : KeyRange{0, 0, 0, 0};
+      }
+      if (XGO_PHASE_TIMES && n == 0) StampSm90(kSm90Found);
+    }
+    NamedBarrierSync(kSm90ProducerBarrier, 128);
+    if (!WarpUniform(item.more)) {
+      MbarArrive(bars.QFull(qb));  // the consumers read more == false and leave
+      break;
+    }
+    const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
+    Sm90ProducerQ<T, kD>(p, row_maps, item.w, num_tiles > 0,
+                         smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars.QFull(qb));
+    Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles);
+    tiles_done += num_tiles;
+  }
   CpAsyncWaitAll();  // no copy outlives its thread
 }
 
@@ -775,12 +886,16 @@ struct Sm90Consumer {
   }
 };
 
+// Consumer `cw` on one item whose Q has landed in `q_buffer` (Sm90ConsumerBlock waited); stages and
+// phases follow the block's tile count (tiles_done before this item), as the producer's. Ends when
+// the rows are stored (the output staged in this warp's rows of q_buffer has been read).
 template <typename T, int kD>
-__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
-                                                  const Sm90RowTensorMaps& row_maps,
-                                                  const TileWork& w, const KeyRange& range,
-                                                  unsigned char* smem, const Sm90Barriers& bars,
-                                                  int cw) {
+__device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
+                                                 const Sm90RowTensorMaps& row_maps,
+                                                 const TileWork& w, const KeyRange& range,
+                                                 unsigned char* smem, unsigned char* q_buffer,
+                                                 const Sm90Barriers<kD>& bars, int cw,
+                                                 int tiles_done, int num_tiles) {
   using Cfg = Sm90PrefillConfig<kD>;
   using C = Sm90Consumer<T, kD>;
   constexpr int kN = Cfg::kBlockN;
@@ -788,7 +903,6 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
   const int warp = tw / 32;
   const int lane = tw % 32;
   C c(p, w, cw, warp, lane);
-  const int num_tiles = range.tile_end - range.tile_begin;
 
   float o[C::kO];
 #pragma unroll
@@ -800,8 +914,9 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     // MN-major: 64-column blocks kN x 128 bytes apart (leading), 8-key groups 1024 apart (stride),
     // k16 step kk (16 keys) at + 2048 bytes.
     const uint32_t smem_base = SharedAddress(smem);
-    const uint64_t q_desc =
-        Sm90Descriptor(smem_base + Cfg::kQOffset + cw * 64 * 128, 16, 1024);
+    const uint64_t q_desc = Sm90Descriptor(
+        smem_base + static_cast<uint32_t>(q_buffer - smem) + UniformMod<2>(cw) * 64 * 128, 16,
+        1024);
     const uint64_t k_desc = Sm90Descriptor(smem_base + Cfg::kKOffset, 16, 1024);
     const uint64_t v_desc = Sm90Descriptor(smem_base + Cfg::kVOffset, kN * 128, 1024);
     auto qk_offset = [](int ks, int rows) -> uint64_t {
@@ -816,21 +931,23 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     if (Cfg::kPingPong && cw == 0) NamedBarrierArrive(my_turn, 256);  // consumer 0 issues first
 
     // Step 0: S_0 alone.
-    MbarWait(bars.QFull(), 0);
-    MbarWait(bars.KFull(0), 0);
+    const int k_base = UniformMod<Cfg::kKStages>(tiles_done);
+    const int v_base = UniformMod<Cfg::kVStages>(tiles_done);
+    const int stage0 = k_base;
+    MbarWait(bars.KFull(stage0), (tiles_done / Cfg::kKStages) & 1);
     if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstTile);
     FenceProxyAsync();
     FenceRegisters(s);
     WgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < C::kDSteps; ++ks) {
-      Wgmma<T, kN>::SS(s, q_desc + qk_offset(ks, Cfg::kBlockRows), k_desc + qk_offset(ks, kN),
-                       ks > 0);
+      Wgmma<T, kN>::SS(s, q_desc + qk_offset(ks, Cfg::kBlockRows),
+                       k_desc + stage0 * kTileStep + qk_offset(ks, kN), ks > 0);
     }
     WgmmaCommit();
     WgmmaWait<0>();
     FenceRegisters(s);
-    MbarArrive(bars.KEmpty(0));
+    MbarArrive(bars.KEmpty(stage0));
     const int key_first = range.key_base + range.tile_begin * kN;
     c.Softmax(p, s, key_first, lane);  // O is zero: nothing to rescale
     C::ToOperand(s, pa);
@@ -840,10 +957,11 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     // the PV runs; then rescale O and convert P_i.
 #pragma unroll 1
     for (int step = 1; step < num_tiles; ++step) {
-      const int stage = step % Cfg::kKStages;
-      const uint32_t phase = (step / Cfg::kKStages) & 1;
-      const int prev_stage = (step - 1) % Cfg::kVStages;
-      const uint32_t prev_phase = ((step - 1) / Cfg::kVStages) & 1;
+      const int tile = tiles_done + step;  // the block's tile count
+      const int stage = (k_base + step) % Cfg::kKStages;
+      const uint32_t phase = (tile / Cfg::kKStages) & 1;
+      const int prev_stage = (v_base + step - 1) % Cfg::kVStages;
+      const uint32_t prev_phase = ((tile - 1) / Cfg::kVStages) & 1;
       MbarWait(bars.KFull(stage), phase);
       FenceProxyAsync();
       if (Cfg::kPingPong) NamedBarrierSync(my_turn, 256);
@@ -879,8 +997,8 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     }
 
     // The last tile's P V.
-    const int last = num_tiles - 1;
-    const int last_stage = last % Cfg::kVStages;
+    const int last = tiles_done + num_tiles - 1;
+    const int last_stage = (v_base + num_tiles - 1) % Cfg::kVStages;
     MbarWait(bars.VFull(last_stage), (last / Cfg::kVStages) & 1);
     FenceProxyAsync();
     FenceRegisters(o);
@@ -914,7 +1032,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row_base + lane / 4 + 8 * h;
-        *reinterpret_cast<uint32_t*>(smem + Cfg::kQOffset +
+        *reinterpret_cast<uint32_t*>(q_buffer +
                                      SwizzledOffset<Cfg::kBlockRows>(r, j) + 4 * (lane % 4)) =
             PackPair<T>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
@@ -925,7 +1043,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
       FenceSharedForBulkCopy();
       __syncwarp();
       if (lane == 0) {
-        const uint32_t staged = SharedAddress(smem + Cfg::kQOffset) + row_base * 128;
+        const uint32_t staged = SharedAddress(q_buffer) + row_base * 128;
 #pragma unroll
         for (int cb = 0; cb < kD / 64; ++cb) {
           TmaStore3d(&row_maps.out, cb * 64, w.head0, w.tok0 + row_base / p.heads_per_block,
@@ -943,7 +1061,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
         const uint4 staged = *reinterpret_cast<const uint4*>(
-            smem + Cfg::kQOffset + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
+            q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
         *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
                                   chunk * 8) = staged;
       }
@@ -974,58 +1092,76 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
   }
 }
 
+// Consumer `cw`: the items the producer publishes, in order, until one says there are no more.
+// After each, every thread releases the item's Q buffer (and its slot in `items`) to the
+// producer; its output staging there (generic writes, or reads of the thread copy) is ordered
+// before the next TMA load into the buffer by the proxy fence.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
+                                                  const Sm90RowTensorMaps& row_maps,
+                                                  unsigned char* smem,
+                                                  const Sm90Barriers<kD>& bars,
+                                                  const Sm90Item* items, int cw) {
+  using Cfg = Sm90PrefillConfig<kD>;
+  int tiles_done = 0;
+#pragma unroll 1
+  for (int n = 0;; ++n) {
+    const int qb = n % Cfg::kQStages;
+    MbarWait(bars.QFull(qb), (n / Cfg::kQStages) & 1);
+    const Sm90Item& item = items[qb];
+    if (!WarpUniform(item.more)) break;
+    if (WarpUniform(item.w.seq_ok)) {
+      const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
+      Sm90ConsumerItem<T, kD>(p, row_maps, item.w, item.range, smem,
+                              smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars, cw, tiles_done,
+                              num_tiles);
+      tiles_done += num_tiles;
+    } else {
+      PoisonRows<T>(p, item.w, static_cast<int>(threadIdx.x) - 128, 128 * Cfg::kConsumers);
+    }
+    FenceSharedForBulkCopy();
+    MbarArrive(bars.QEmpty(qb));
+  }
+}
+
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
+// `index`: the block's first item; a persistent launch's blocks go on with NextPrefillItem.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
+                                                 const PrefillGrid& g, int index,
                                                  const Sm90KvTensorMap& kv_map,
                                                  const Sm90RowTensorMaps& row_maps,
-                                                 const TileWork& w, unsigned char* smem_raw) {
+                                                 unsigned char* smem_raw) {
   using Cfg = Sm90PrefillConfig<kD>;
   const uint32_t raw = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  const Sm90Barriers bars{SharedAddress(smem) + Cfg::kBarrierOffset, Cfg::kKStages,
-                          Cfg::kVStages};
-  // The tile's metadata goes to shared memory: both roles read it from there, so it holds no
+  const Sm90Barriers<kD> bars{SharedAddress(smem) + Cfg::kBarrierOffset};
+  // The items' metadata lives in shared memory: both roles read it from there, so it holds no
   // registers through the main loops (the consumers' epilogue reads it again).
-  __shared__ TileWork s_work;
-  __shared__ KeyRange s_range;
-  const bool q_by_tma = XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0;
+  __shared__ Sm90Item s_items[Cfg::kQStages];
   if (threadIdx.x == 0) {
-    const KeyRange range = SplitKeyRange<Cfg::kBlockN>(p, w);
-    s_work = w;
-    s_range = range;
-    MbarInit(bars.QFull(), 128);
+    for (int b = 0; b < Cfg::kQStages; ++b) {
+      MbarInit(bars.QFull(b), 128);                    // every producer thread arrives
+      MbarInit(bars.QEmpty(b), 128 * Cfg::kConsumers);  // every consumer thread releases
+    }
     for (int s = 0; s < Cfg::kKStages; ++s) {
       MbarInit(bars.KFull(s), 128);                    // one cp.async arrival per producer thread
-      MbarInit(bars.KEmpty(s), 128 * Cfg::kConsumers);  // every consumer thread releases
+      MbarInit(bars.KEmpty(s), 128 * Cfg::kConsumers);
     }
     for (int s = 0; s < Cfg::kVStages; ++s) {
       MbarInit(bars.VFull(s), 128);
       MbarInit(bars.VEmpty(s), 128 * Cfg::kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    // Q by TMA from here, before the role split: the producer's cp.async path took ~3 us to
-    // issue Q's 32 KB (D 128) while the first K tile waited behind it. Not for an empty split:
-    // nothing would wait for the copy before the block exits.
-    if (q_by_tma && range.tile_end > range.tile_begin) {
-      MbarExpectTx(bars.QFull(), static_cast<uint32_t>(row_maps.q_box_tokens) *
-                                     p.heads_per_block * kD * 2);
-#pragma unroll
-      for (int cb = 0; cb < kD / 64; ++cb) {
-        TmaLoad3d(SharedAddress(smem + Cfg::kQOffset) + cb * (Cfg::kBlockRows * 128), &row_maps.q,
-                  cb * 64, w.head0, w.tok0, bars.QFull());
-      }
-    }
   }
   __syncthreads();
   if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Split);
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
-    Sm90ProducerQ<T, kD>(p, q_by_tma, s_work, s_range, smem, bars);
-    Sm90Producer<T, kD>(p, kv_map, s_work, s_range, smem, bars);
+    Sm90ProducerBlock<T, kD>(p, g, index, kv_map, row_maps, smem, bars, s_items);
   } else {
     SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
-    Sm90ConsumerBlock<T, kD>(p, row_maps, s_work, s_range, smem, bars,
+    Sm90ConsumerBlock<T, kD>(p, row_maps, smem, bars, s_items,
                              static_cast<int>(threadIdx.x) / 128 - 1);
   }
 }
@@ -1047,10 +1183,10 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     StampSm90(kSm90Start);
     StampSm90(kSm90Sm);
   }
-  TileWork w;
   int index = 0;
   if (IsShortBlock(g, index)) {
     if constexpr (Cfg::kShortRegion) {
+      TileWork w;
       if (!FindShortTile(p, index, w)) return;
       if (!w.seq_ok) {
         PoisonRows<T>(p, w);
@@ -1068,13 +1204,7 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     }
     return;
   }
-  if (!FindPrefillTile(p, g.num_q_tiles, index, w)) return;
-  if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Found);
-  if (!w.seq_ok) {
-    PoisonRows<T>(p, w);
-    return;
-  }
-  Sm90PrefillBlock<T, kD>(p, kv_map, row_maps, w, smem_raw);
+  Sm90PrefillBlock<T, kD>(p, g, index, kv_map, row_maps, smem_raw);
 #endif
 }
 

@@ -57,6 +57,7 @@ SANITIZED+=" or short_sequences_window or bad_short_sequence or (large_prefill_b
 SANITIZED+=" or (sm90_and_mma_prefill_kernels_agree and 128) or whole_page_reads"
 SANITIZED+=" or (fp8_cache_dtypes_head_dims and bfloat16) or fp8_cache_bad_sequence"
 SANITIZED+=" or split_parts_weigh"  # every writer of KV split parts, and both merges
+SANITIZED+=" or persistent_blocks_poison"  # poisoned items among persistent sm_90a items
 # the KV-cache write kernel (with a slot past the cache) and the scales, from the serving tests
 SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
 summary=()

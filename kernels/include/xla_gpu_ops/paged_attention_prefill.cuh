@@ -61,8 +61,8 @@ struct PrefillConfig {
 // The launch's block counts: prefill blocks and short sequence blocks (S x head blocks x
 // short_splits; 0 without a short region). The prefill region has prefill_items work items per
 // split (num_q_tiles x head blocks, FindPrefillTile): one per block (prefill_blocks = items x
-// splits), or, for a persistent launch (one split), prefill_blocks blocks that take the first
-// prefill_blocks items by index and the rest from NextPrefillItem.
+// splits), or, for a persistent launch (one split), prefill_blocks blocks that take every item
+// from NextPrefillItem.
 struct PrefillGrid {
   int64_t num_q_tiles;
   int prefill_blocks;
@@ -71,13 +71,13 @@ struct PrefillGrid {
   bool persistent;
 };
 
-// A persistent block's next prefill item (prefill_items: none left): the items after the first
-// wave go one at a time to whichever block asks first, through the workspace counter the prep
-// kernel zeroed, so blocks that drew short (causal, early) tiles take more of them.
+// A persistent block's next prefill item (prefill_items: none left): items go one at a time, in
+// index order (heaviest first), to whichever block asks first, through the workspace counter the
+// prep kernel zeroed; so blocks that start late (beside short blocks, or on a busy GPU) or drew
+// short (causal, early) tiles take fewer or more of them.
 __device__ __forceinline__ int NextPrefillItem(const PagedAttentionParams& p,
                                                const PrefillGrid& g) {
-  if (!g.persistent) return g.prefill_items;
-  return min(g.prefill_items, g.prefill_blocks + atomicAdd(p.flags + kWorkCounterWord, 1));
+  return min(g.prefill_items, atomicAdd(p.flags + kWorkCounterWord, 1));
 }
 
 // Short-region decode blocks (MmaTileBlock, 64-key tiles) run in the prefill launch's shared

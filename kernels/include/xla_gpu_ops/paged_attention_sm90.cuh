@@ -146,7 +146,9 @@ struct Sm90PrefillConfig {
   // of 128 bytes, and wgmma descriptors assume that phase; see SwizzledOffset).
   static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90ProducerItem)
   static constexpr int kKvBytes = (kKStages + kVStages) * kTileBytes;
-  static constexpr int kTableAndBarrierBytes = kSlotBuffers * kBlockN * 8 + 64 + 1024;
+  // The tables, the barriers with two Q buffers, the alignment slack.
+  static constexpr int kTableAndBarrierBytes =
+      kSlotBuffers * kBlockN * 8 + 2 * (2 + kKStages + kVStages) * 8 + 1024;
   // Q buffers: two where they fit (D <= 128), so a persistent block's producer loads the next
   // item's Q while the consumers still read the current one (or stage their output in it).
   static constexpr int kQStages =
@@ -539,7 +541,7 @@ __device__ __forceinline__ int UniformMod(int x) {
   const int r = x % kM;
   int out = 0;
 #pragma unroll
-  for (int b = 0; (1 << b) < kM; ++b) out |= __any_sync(0xffffffffu, (r >> b) & 1) << b;
+  for (int b = 0; (1 << b) < kM; ++b) out |= (__any_sync(0xffffffffu, (r >> b) & 1) ? 1 : 0) << b;
   return out;
 }
 
@@ -598,6 +600,9 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
     }
     MbarArrive(full);
   } else {
+    // The item thread 0 wrote is published by these arrivals, which PTX does not call releases
+    // (the other paths' mbarrier.arrive are): a fence first.
+    if (t == 0) __threadfence_block();
     const int chunk = t % Cfg::kChunksPerRow;
     const T* q = static_cast<const T*>(p.query);
 #pragma unroll 4
@@ -725,11 +730,13 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerEnd);
 }
 
-// Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (the block's
-// first item by its index, then NextPrefillItem) once the consumers have released the item's Q
-// buffer, and publishes it in `items` (the Q buffer's slot); the warpgroup then loads its Q, K
-// and V while the consumers still work on the one before, ahead by up to kQStages items and by
-// the stages. An item without a tile (the lookup's end) is published with more == false.
+// Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (in a persistent
+// launch every item comes from NextPrefillItem, claimed only when it is looked up, so no block
+// holds an item it has not started while another has none; otherwise the block's own index)
+// once the consumers have released the item's Q buffer, and publishes it in `items` (the Q
+// buffer's slot); the warpgroup then loads its Q, K and V while the consumers still work on the
+// one before, ahead by up to kQStages items and by the stages. An item without a tile (the
+// lookup's end) is published with more == false.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
                                                   const PrefillGrid& g, int index,
@@ -754,9 +761,12 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
     if (t == 0) {
       MbarWait(bars.QEmpty(qb), ((n / Cfg::kQStages) & 1) ^ 1);  // the first use does not wait
       bool found = false;
-      while (!found && index < g.prefill_items) {
+      for (;;) {
+        if (g.persistent) index = NextPrefillItem(p, g);
+        if (index >= g.prefill_items) break;
         found = FindPrefillTile(p, g.num_q_tiles, index, item.w);
-        index = NextPrefillItem(p, g);
+        index = g.prefill_items;  // one item per block unless persistent
+        if (found) break;
       }
       item.more = found;
       if (found) {
@@ -1125,7 +1135,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 }
 
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
-// `index`: the block's first item; a persistent launch's blocks go on with NextPrefillItem.
+// `index`: the block's item (a persistent launch's blocks take theirs from NextPrefillItem).
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
                                                  const PrefillGrid& g, int index,

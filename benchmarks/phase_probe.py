@@ -13,11 +13,13 @@ Two runs per shape: right after earlier calls (as in a serving loop) and after a
 Phases are clock64 cycles converted at --ghz (the H200 runs decode at 1.98 GHz).
 
 --prefill: the sm_90a prefill kernel instead (forced through the library's test hook), on the
-causal prefill shapes of prefill_sm90_probe.py. Per block: the tile lookup, barrier set-up, the
+causal prefill shapes of prefill_sm90_probe.py. Per block: barrier set-up, the tile lookup, the
 wait for Q and the first K tile, the first tile's S and softmax, the rest of the tiles, the
 epilogue (Sm90Phase in paged_attention_sm90.cuh); per SM (%smid) the gaps between one block's end
 and the next one's start and the idle tail; cycles converted at the clock each block measured
-(its clock64 span over its %globaltimer span).
+(its clock64 span over its %globaltimer span). A persistent launch (one block per SM) keeps the
+set-up and lookup of each block's first item and the later phases of its last one: build with
+-DXGO_SM90_PERSISTENT=0 as well for per-item phases.
 """
 
 from __future__ import annotations
@@ -106,10 +108,12 @@ def sm90_summary(table: np.ndarray) -> str:
     )
     us = lambda cycles: cycles / ghz / 1e3  # noqa: E731
     tiles = rows[:, TILES]
+    # Order in the kernel: barriers and the role split, then the producer's lookup of the first
+    # item (a persistent block's later items overwrite the other slots: see the docstring).
     phases = {
-        "lookup": rows[:, FOUND] - rows[:, START],
-        "setup": rows[:, SPLIT] - rows[:, FOUND],
-        "first-QK-wait": rows[:, FIRST_TILE] - rows[:, SPLIT],
+        "setup": rows[:, SPLIT] - rows[:, START],
+        "lookup": rows[:, FOUND] - rows[:, SPLIT],
+        "first-QK-wait": rows[:, FIRST_TILE] - rows[:, FOUND],
         "first-step": rows[:, FIRST_STEP] - rows[:, FIRST_TILE],
         "tiles": rows[:, LOOP] - rows[:, FIRST_STEP],
         "epilogue": rows[:, END] - rows[:, LOOP],

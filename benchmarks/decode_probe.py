@@ -4,7 +4,8 @@ usage: python3 benchmarks/decode_probe.py LABEL [group ...]
 groups: bw (read bandwidth), layout (page placement and kv-head interleave), layout2 (anchor,
 ctx 16k, B=1 64k, D=256, D=64), b1 (B=1 at 4k, 16k, 64k: the KV-split merge), prefill (the benchmark's own mixed, 1x8k and 8x2k prefill
 cases), ctx (context sweep: the intercept is the fixed cost per call), big (64k contexts),
-splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV), mixed (the
+splits (forced split counts: needs a library built with -DXGO_SPLITS_FROM_ENV), small (the
+same for B = 1 and B = 8 decodes of 1k-64k keys: the model's choice, then forced counts), mixed (the
 benchmark's mixed case, its decodes alone and its prefills alone, then forced short-region split
 counts: XGO_SHORT_SPLITS, a tuning build with -DXGO_SPLITS_FROM_ENV -DXGO_SHORT_SPLIT_KEYS=256).
 XLA_GPU_OPS_LIBRARY picks the library, so variants built side by side are compared in one call.
@@ -108,6 +109,19 @@ def main():
             os.environ["XGO_SHORT_SPLITS"] = str(n)
             run_case(f"{label} s{n}", case)
         del os.environ["XGO_SHORT_SPLITS"]
+    if "small" in groups:
+        for b, ctx, counts in (
+            (1, 1024, (1, 2, 4, 8, 16)),
+            (8, 1024, (1, 2, 4, 8, 16)),
+            (1, 4096, (4, 8, 16, 32, 64)),
+            (1, 16384, (16, 32, 64, 128)),
+            (1, 65536, (17, 33, 49, 66)),
+        ):
+            run(label, f"B{b} ctx{ctx // 1024}k model", b, ctx, 32, 8, 128)
+            for n in counts:
+                os.environ["XGO_DECODE_SPLITS"] = str(n)
+                run(label, f"B{b} ctx{ctx // 1024}k splits={n}", b, ctx, 32, 8, 128)
+            del os.environ["XGO_DECODE_SPLITS"]
     if "splits" in groups:
         for n in (1, 2, 3, 4, 6, 8):
             os.environ["XGO_DECODE_SPLITS"] = str(n)

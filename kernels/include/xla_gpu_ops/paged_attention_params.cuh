@@ -42,6 +42,11 @@ constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher pick
 // GPU best; e.g. Hq = Hkv = 32, B = 32 has 1024 blocks per split, 2.6 waves at 3 blocks/SM).
 constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
+// Decode tiles: splits down to one 64-key tile, and the launcher's cost model picks the count. A
+// split of more tiles than the tile kernel's K/V stages waits a second round trip for its last
+// ones: B = 1 x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.6
+// us for the first (phase probe), nearly all of its kernel time beyond the lookup.
+constexpr int64_t kMinDecodeSplitKeys = 64;
 constexpr int kMaxSplits = 128;
 // Short sequences of a prefill-like batch (the decodes of a mixed batch): KV splits of about
 // ShortSplitKeys() keys of the static capacity each (8192), at most kShortTargetBlocks blocks. On
@@ -135,7 +140,9 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
   // Prefill-like batches have many real blocks already; their static bound overestimates them.
   const int64_t target = decode_like ? kDecodeTargetBlocks : kTargetBlocks / 2;
   int64_t splits = (target + blocks - 1) / blocks;
-  const int64_t by_length = (capacity + kMinSplitKeys - 1) / kMinSplitKeys;
+  const int64_t min_split_keys =
+      p.path == AttentionPath::kDecodeMma ? kMinDecodeSplitKeys : kMinSplitKeys;
+  const int64_t by_length = (capacity + min_split_keys - 1) / min_split_keys;
   if (splits > by_length) splits = by_length;
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits < 1) splits = 1;

@@ -44,7 +44,7 @@ constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
 // Decode tiles: splits down to one 64-key tile, and the launcher's cost model picks the count. A
 // split of more tiles than the tile kernel's K/V stages waits a second round trip for its last
-// ones: B = 1 x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.6
+// ones: B = 1 x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.7
 // us for the first (phase probe), nearly all of its kernel time beyond the lookup.
 constexpr int64_t kMinDecodeSplitKeys = 64;
 constexpr int kMaxSplits = 128;

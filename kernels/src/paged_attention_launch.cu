@@ -41,10 +41,10 @@ constexpr int64_t kMaxPrepBlocks = 1024;
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Fixed cost of one split block beyond its key tiles (start-up, epilogue, partial output and its
-// merge), in 64-key tiles: without it the fill rule alone chased a 0.3 % better fill with 37 splits
-// of 7 tiles (B=8, ctx 16k, Hq 64 / Hkv 8: 169.8 us vs 152.9 us with 12 splits, H200).
+// merge), in decode tiles (kMmaTileKeys): without it the fill rule alone chased a 0.3 % better
+// fill with 37 splits of 7 tiles (B=8, ctx 16k, Hq 64 / Hkv 8: 169.8 us vs 152.9 us with 12
+// splits, H200).
 constexpr int64_t kSplitOverheadTiles = 1;
-constexpr int64_t kSplitCostTileKeys = 64;
 
 // KV splits actually used, <= the planned (workspace-sized) count. 16-row decode tiles: the count
 // with the least modelled time, waves x (key tiles per split + kSplitOverheadTiles), fewest
@@ -65,7 +65,7 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
       std::min<int64_t>(plan.num_q_tiles, params.num_tokens) * plan.num_head_blocks;
   if (plan.path == AttentionPath::kDecodeMma) {
     const int64_t capacity = static_cast<int64_t>(params.pages_per_seq) * params.page_size;
-    const int64_t key_tiles = std::max<int64_t>(1, (capacity + kSplitCostTileKeys - 1) / kSplitCostTileKeys);
+    const int64_t key_tiles = std::max<int64_t>(1, (capacity + kMmaTileKeys - 1) / kMmaTileKeys);
     int best = 1;
     int64_t best_cost = -1;
     for (int splits = 1; splits <= plan.num_splits; ++splits) {

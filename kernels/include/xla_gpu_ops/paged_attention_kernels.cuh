@@ -699,7 +699,7 @@ template <int kD, int kRowWarps,
           int kStagesOfTile = kRowWarps == 1 ? kDecodeStages : kRowTileStages>
 struct MmaConfig {
   static constexpr int kKeyWarps = 4 / kRowWarps;
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = kMmaTileKeys;
   // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
   static constexpr int kStages = kStagesOfTile;
   // Row stride (TileOffset): D <= 128 unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made

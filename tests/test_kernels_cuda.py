@@ -132,6 +132,37 @@ def test_paged_attention_long_context_split_kv(dtype, sliding_window):
                             sliding_window=sliding_window)  # fmt: skip
 
 
+D256_DECODES = ((1, 37), (1, 300), (1, 5), (1, 129), (1, 4_133), (1, 32), (1, 33))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 5, 16, 48, 128])
+@pytest.mark.parametrize(("sliding_window", "soft_cap"), [(None, None), (45, None), (None, 4.0)])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(12, 4), (8, 1)])
+def test_decode_head_dim_256_tiles(dtype, page_size, sliding_window, soft_cap, num_q_heads,
+                                   num_kv_heads):  # fmt: skip
+    """16-bit D = 256 decodes run 32-key tiles (8 keys per warp, P V by m16n8k8): contexts that
+    end inside a tile or on its edge, pages shorter and longer than a tile, windows that start
+    inside one, and the KV splits of the 4133-key sequence."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(D256_DECODES, num_q_heads, num_kv_heads, 256, page_size, dtype,
+                               seed, pad_tokens=2)  # fmt: skip
+    check_against_reference(inputs, dtype, seed, scale=default_scale(256),
+                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+
+
+@pytest.mark.parametrize("corruption", ["page_out_of_range", "negative_page"])
+def test_decode_head_dim_256_bad_page_poisons_its_sequence(corruption):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(D256_DECODES, 8, 2, 256, 16, torch.bfloat16, seed)
+    expected = reference.paged_attention(**inputs, scale=0.06, compute_dtype=torch.float64)
+    bad = 4  # the split sequence: its third page
+    inputs["block_tables"][bad, 2] = -1 if corruption == "negative_page" else (
+        inputs["kv_cache"].shape[0])  # fmt: skip
+    out = run_cuda(inputs, scale=0.06)
+    _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
+
+
 def test_paged_attention_128k_context_decode():
     seed = fresh_seed()
     inputs = make_paged_inputs(((1, 131_072),), 8, 1, 128, 16, torch.bfloat16, seed)

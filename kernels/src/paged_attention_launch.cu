@@ -187,7 +187,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
   const bool decode = plan.path == AttentionPath::kDecodeMma;
 #define XGO_LAUNCH_MMA(D, RW)                                                                    \
   return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                                  \
-                         MmaTileConfig<KV, D, RW>::kSmemBytes, plan, params, stream,             \
+                         MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream,             \
                          /*programmatic=*/RW == 1)
   if constexpr (IsFp8<KV>) {
     switch (params.head_dim) {

@@ -101,6 +101,28 @@ __device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a * b for one m16n8k8 tile (8 keys of P V where a warp owns only 8 keys of a tile).
+template <typename T>
+__device__ __forceinline__ void Mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b);
+template <>
+__device__ __forceinline__ void Mma1688<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+template <>
+__device__ __forceinline__ void Mma1688<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                       uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
 // Two floats -> one 32-bit register of two 16-bit elements (lo in the low half), for MMA A operands.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi);

@@ -696,17 +696,19 @@ constexpr int kDecodeStages = 3;
 constexpr int kRowTileStages = 2;
 
 template <int kD, int kRowWarps,
-          int kStagesOfTile = kRowWarps == 1 ? kDecodeStages : kRowTileStages>
+          int kStagesOfTile = kRowWarps == 1 ? kDecodeStages : kRowTileStages,
+          int kTileKeys = kMmaTileKeys>
 struct MmaConfig {
   static constexpr int kKeyWarps = 4 / kRowWarps;
-  static constexpr int kBlockN = kMmaTileKeys;
+  static constexpr int kBlockN = kTileKeys;
   // K/V tiles in flight: kStages - 1 tiles are being copied while one is computed on.
   static constexpr int kStages = kStagesOfTile;
-  // Row stride (TileOffset): D <= 128 unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made
-  // cp.async ask L2 twice for half of the sectors). D=256 keeps padded rows: at 1 block/SM it is
-  // latency-bound, not L2-bound, and the swizzle's address arithmetic cost more than the
-  // duplicated L2 reads (352 -> 339 us padded, H200).
-  static constexpr int kLds = kD <= 128 ? kD : kD + 8;
+  // Row stride (TileOffset): unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made cp.async
+  // ask L2 twice for half of the sectors), except 64-key tiles at D=256 (row tiles, short
+  // blocks): padded rows, whose plain addresses measured faster there at 1 block/SM (352 -> 339
+  // us, H200). The 32-key D=256 decode tiles at 2 blocks/SM: padded rows read 1.5x the L2 sectors
+  // and ran 6 % slower than swizzled ones (B32 x 4k: 384.6 vs 363.7 us, H100).
+  static constexpr int kLds = kD <= 128 || kTileKeys < kMmaTileKeys ? kD : kD + 8;
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
   // D <= 128 keeps Q in registers, so its shared copy only lives until the loop starts. Prefill
@@ -721,8 +723,10 @@ struct MmaConfig {
   // Decode tiles (D <= 128): registers capped for 3 blocks (12 warps) per SM, which 2 stages
   // allowed. At 3 stages shared memory admits 2 blocks of D=128; uncapping measured the same, so
   // the measured cap stays; D=64 capped for 5 blocks spilled and was slower. Row tiles: the same
-  // cap spilled 200 bytes and measured 955 us vs 887 us uncapped (H200), so no cap.
-  static constexpr int kMinBlocks = kD > 128 || kRowWarps == 4 ? 1 : 3;
+  // cap spilled 200 bytes and measured 955 us vs 887 us uncapped (H200), so no cap. D=256
+  // decode tiles: 2 blocks (their 104 KB of shared memory), which costs no registers (<= 255).
+  static constexpr int kMinBlocks = kD > 128 ? (kTileKeys < kMmaTileKeys ? 2 : 1)
+                                   : kRowWarps == 4 ? 1 : 3;
   static constexpr bool kConvertInRegisters = false;  // fp8 only (MmaFp8Config)
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
@@ -876,9 +880,21 @@ __device__ __forceinline__ void PvFp8(const KV* v_tile, int key0, const uint32_t
 template <typename KV, int kD, int kRowWarps>
 inline constexpr int kTileStages =
     kRowWarps != 1 ? kRowTileStages : (IsFp8<KV> ? kFp8DecodeStages<kD> : kDecodeStages);
-template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kD, kRowWarps>>
+template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kD, kRowWarps>,
+          int kTileKeys = kMmaTileKeys>
 using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, kStages>,
-                                         MmaConfig<kD, kRowWarps, kStages>>;
+                                         MmaConfig<kD, kRowWarps, kStages, kTileKeys>>;
+// Keys per tile of the decode kernel (PagedAttentionMmaKernel). 16-bit D = 256 decode: 32, so 3
+// stages fit two blocks (8 warps) per SM; 64-key tiles left one block of 4 warps per SM, and the
+// kernel latency-bound (ncu, H100, B32 x 4k: issue 21 %, DRAM 82 %; FlashInfer's kernel, 8 warps
+// per SM, 88 %): 385.9 -> 363.7 us. Each warp then owns 8 keys of a tile: Q K^T by ldmatrix over
+// two d steps, P V by m16n8k8. fp8 keeps 64 (stages of half the size: 2 blocks per SM already).
+template <typename KV, int kD, int kRowWarps>
+inline constexpr int kKernelTileKeys =
+    kRowWarps == 1 && kD > 128 && !IsFp8<KV> ? kMmaTileKeys / 2 : kMmaTileKeys;
+template <typename KV, int kD, int kRowWarps>
+using MmaKernelConfig = MmaTileConfig<KV, kD, kRowWarps, kTileStages<KV, kD, kRowWarps>,
+                                      kKernelTileKeys<KV, kD, kRowWarps>>;
 
 // One block's attention after FindTile (or FindShortTile), K/V in kStages stages of Cfg's shape.
 // kSelfCheck: no prep kernel ran, so the block checks the pages it reads and those no split reads
@@ -886,10 +902,10 @@ using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, 
 // evict-first L2 policy.
 // KV: the cache's element type, T's or fp8 (MmaFp8Config).
 template <typename T, int kD, int kRowWarps, int kStages, bool kSelfCheck, bool kEvictFirst,
-          typename KV = T>
+          typename KV = T, int kTileKeys = kMmaTileKeys>
 __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, const TileWork& w,
                                              unsigned char* smem_raw) {
-  using Cfg = MmaTileConfig<KV, kD, kRowWarps, kStages>;
+  using Cfg = MmaTileConfig<KV, kD, kRowWarps, kStages, kTileKeys>;
   constexpr bool kFp8InRegisters = Cfg::kConvertInRegisters;
   constexpr bool kDequantize = IsFp8<KV> && !kFp8InRegisters;
   // The mma.sync operands' type: fp8 fragments are float16, also under bf16 queries, whose Q
@@ -1019,6 +1035,24 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
             for (int e = 0; e < 4; ++e) s[i][e] *= q_unscale[e >> 1];
           }
         }
+      } else if constexpr (kKeysPerWarp == 8) {
+        // 8 keys: one ldmatrix.x4 reads two d steps of them; two accumulators halve the chain
+        // of dependent mma.sync.
+        static_assert(!kQInRegisters && kDSteps % 2 == 0, "8-key warps: Q from shared memory");
+        float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int ks = 0; ks < kDSteps; ks += 2) {
+          uint32_t a0[4], a1[4], b[4];
+          LdMatrixX4(a0, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
+                                                       ks * 16 + (lane / 16) * 8));
+          LdMatrixX4(a1, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
+                                                       ks * 16 + 16 + (lane / 16) * 8));
+          LdMatrixX4(b, k_tile + TileOffset<T, kD, kLds>(lane % 8, ks * 16 + (lane / 8) * 8));
+          Mma16816<T>(s[0], a0, b[0], b[1]);
+          Mma16816<T>(s_odd, a1, b[2], b[3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][e] += s_odd[e];
       } else {
 #pragma unroll
         for (int ks = 0; ks < kDSteps; ++ks) {
@@ -1071,6 +1105,17 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
         for (int e = 0; e < 4; ++e) s[nt][e] = softmax.Prob(s[nt][e], e >> 1);
       }
       // O += P V: the score accumulators are already in the A-operand layout.
+      if constexpr (kKeysPerWarp == 8) {  // m16n8k8: one ldmatrix.x4.trans feeds 4 d tiles
+        const uint32_t a0 = PackPair<TC>(s[0][0], s[0][1]);
+        const uint32_t a1 = PackPair<TC>(s[0][2], s[0][3]);
+#pragma unroll
+        for (int nq = 0; nq < kOutTiles / 4; ++nq) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v_tile + TileOffset<T, kD, kLds>(lane % 8, nq * 32 + (lane / 8) * 8));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) Mma1688<T>(acc[4 * nq + j], a0, a1, b[j]);
+        }
+      }
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk) {
         uint32_t a[4];
@@ -1148,7 +1193,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 
 // KV: the cache's element type (T, or __nv_fp8_e4m3 read through the scales).
 template <typename T, typename KV, int kD, int kRowWarps>
-__global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlocks))
+__global__ void __launch_bounds__(kThreads, (MmaKernelConfig<KV, kD, kRowWarps>::kMinBlocks))
     PagedAttentionMmaKernel(const __grid_constant__ PagedAttentionParams p) {
   // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
   constexpr bool kSelfCheck = kRowWarps == 1;
@@ -1171,7 +1216,8 @@ __global__ void __launch_bounds__(kThreads, (MmaConfig<kD, kRowWarps>::kMinBlock
   // cp.async (LDGSTS) reading uniform registers that nothing wrote, an illegal instruction on an
   // H100 (compute-sanitizer, 2026-11-23).
   MmaTileBlock<T, kD, kRowWarps, kTileStages<KV, kD, kRowWarps>, kSelfCheck,
-               /*kEvictFirst=*/kSelfCheck && !IsFp8<KV>, KV>(p, w, smem_raw);
+               /*kEvictFirst=*/kSelfCheck && !IsFp8<KV>, KV, kKernelTileKeys<KV, kD, kRowWarps>>(
+      p, w, smem_raw);
 }
 
 // ---------------------------------------------------------------- 2b. f32 FMA kernel

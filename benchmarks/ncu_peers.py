@@ -1,0 +1,60 @@
+"""Our kernels and FlashInfer's on the same inputs, one call each, for a profiler (run on a GPU host).
+
+usage: ncu --profile-from-start off --clock-control none --set full -o REPORT \\
+           python3 -m benchmarks.ncu_peers CASE_SUBSTRING [...]
+
+Each benchmark case whose name holds one of the substrings (benchmarks/cases.py, full grid) gets
+its inputs, one warm-up call of ours and of FlashInfer's, then, between cudaProfilerStart and
+cudaProfilerStop, one call of each with an NVTX range named "<impl> <case>" around it, so the
+report holds exactly those kernels (ours: the attention kernel and its fill / merge kernel).
+FlashInfer's plan() runs before, on the host, as in the benchmark.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from benchmarks import flashinfer_peer, ours
+    from benchmarks.cases import OPERANDS, all_cases, build_inputs, scale_of
+
+    if not argv:
+        sys.exit(__doc__)
+    env = types.SimpleNamespace(on_gpu=True, device="cuda")
+    cases = [c for c in all_cases(quick=False) if any(s in c.name for s in argv)]
+    cases = [c for c in cases if c.kind in ("decode", "prefill", "mixed")]
+    if not cases:
+        sys.exit(f"no decode / prefill / mixed case matches {argv}")
+    for case in cases:
+        inputs = build_inputs(case, "cuda", seed=1)
+        args = [inputs[name] for name in OPERANDS]
+        prepare = (flashinfer_peer.prepare_decode if case.kind == "decode"
+                   else flashinfer_peer.prepare_prefill)  # fmt: skip
+        impls = {
+            "ours": lambda args=args, case=case: ours.op_paged_attention(
+                *args, scale=scale_of(case)
+            ),
+            "flashinfer": prepare(env, case, [inputs]).calls[0],
+        }
+        for call in impls.values():  # warm-up: module loads, first-use allocations
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for name, call in impls.items():
+            torch.cuda.nvtx.range_push(f"{name} {case.name}")
+            call()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.profiler.stop()
+        print(f"profiled {case.name}: {', '.join(impls)}", flush=True)
+        del inputs, args, impls
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

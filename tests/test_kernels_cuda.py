@@ -205,6 +205,62 @@ def test_paged_attention_is_deterministic(dtype):
     assert torch.equal(first, second), f"seed {seed}"
 
 
+def test_scratch_buffer_per_stream_grows_and_stays_out_of_graphs():
+    """The eager path reuses one scratch buffer (the KV-split workspace) per stream: calls on two
+    streams at once and a buffer that grows give the reference's rows; a CUDA graph captured on a
+    stream that has a cached buffer gets its own scratch, so replays beside eager calls on that
+    stream stay right, and the cached buffer is not replaced by the capture."""
+    from xla_gpu_ops import torch_cuda
+
+    seed = fresh_seed()
+    scale = default_scale(128)
+    small = make_paged_inputs(((1, 4_133), (1, 300)), 8, 2, 128, 16, torch.bfloat16, seed)
+    large = make_paged_inputs(((1, 20_000),) * 3, 8, 2, 128, 16, torch.bfloat16, seed + 1)
+    expected = {
+        name: reference.paged_attention(**inputs, scale=scale, compute_dtype=torch.float64)
+        for name, inputs in (("small", small), ("large", large))
+    }
+    on_gpu = {"small": {k: v.cuda() for k, v in small.items()},
+              "large": {k: v.cuda() for k, v in large.items()}}  # fmt: skip
+
+    def attend(name):
+        return torch.ops.xla_gpu.paged_attention(**on_gpu[name], scale=scale)
+
+    def check(out, name):
+        error = rel_l2(out.cpu(), expected[name])
+        assert error < TOLERANCE[torch.bfloat16], f"{name}: relative L2 {error:.3g} (seed {seed})"
+
+    side = torch.cuda.Stream()
+    first = attend("small")  # the default stream's buffer
+    side.wait_stream(torch.cuda.current_stream())  # the inputs' copies
+    with torch.cuda.stream(side):
+        beside = [attend("large") for _ in range(4)]  # the side stream's, at the same time
+    grown = attend("large")  # the default stream's buffer grows
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for out, name in ((first, "small"), *((o, "large") for o in beside), (grown, "large")):
+        check(out, name)
+    device = torch.cuda.current_device()
+    side_key = (device, side.cuda_stream)
+    assert (device, torch.cuda.current_stream().cuda_stream) in torch_cuda._scratch
+    cached = torch_cuda._scratch[side_key]
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = attend("small")
+    assert torch_cuda._scratch[side_key] is cached
+    outs = []
+    for _ in range(3):  # replays on the default stream while the side stream runs eager calls
+        graph.replay()
+        with torch.cuda.stream(side):
+            outs.append(attend("large"))
+        outs.append(captured.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):
+        check(out, "large" if i % 2 == 0 else "small")
+
+
 def test_paged_attention_noncontiguous_inputs():
     seed = fresh_seed()
     inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.bfloat16, seed)

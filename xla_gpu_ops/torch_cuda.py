@@ -1,11 +1,12 @@
 """Eager PyTorch on CUDA: the `CUDA` kernels of torch.ops.xla_gpu.* run the library's `launch`
 entry (c_api.h) on torch's current stream, with torch-allocated results and scratch space.
 
-The host path of a call decides the speed of small eager calls, so it is kept short: one dict
-lookup on the call's static key (shapes, dtypes, attributes) gives the XgoCall and the result
-specs the library described the first time (its static checks then ran and raised, naming the
-argument, if anything was wrong); after that a call is device checks, result allocation and one
-foreign call that receives the buffer pointers packed into bytes. No host sync: metadata values
+The host path of a call decides the speed of small eager calls, so it is kept short: one pass
+over the operands (device, layout, pointers), one dict lookup on the call's static key (shapes,
+dtypes, attributes) that gives the XgoCall and the result specs the library described the first
+time (its static checks then ran and raised, naming the argument, if anything was wrong), the
+returned results' allocation (scratch results reuse a per-stream buffer) and one foreign call
+that receives the buffer pointers packed into bytes. No host sync: metadata values
 are never read here (the kernels guard them; `xla_gpu_ops.paged_attention(..., validate=True)`
 checks them on request).
 
@@ -16,6 +17,8 @@ copied to such ones first, which costs one device copy of that operand.
 from __future__ import annotations
 
 import ctypes
+import math
+import operator
 
 import torch
 
@@ -45,10 +48,37 @@ def _dense(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.data_ptr() % 16 else tensor
 
 
-class _Plan:
-    """What a call with one static key needs: its XgoCall and the results to allocate."""
+# Scratch results (those past op.returned: workspace the caller never sees) come from one buffer
+# per device and stream, reused from call to call: a torch allocation costs a few microseconds of a
+# small call's host time, and work on one stream runs in order, so a call's kernels start after
+# the previous call's are done with the buffer. A buffer that grows is replaced; the old one stays
+# referenced until the call that held it has enqueued its launch, and torch frees it in stream
+# order (streams are told apart by handle, as torch's allocator does). Not while a CUDA graph is
+# captured (the graph would keep the address; allocations then come from its pool), and not past
+# this size (large calls do not notice an allocation).
+MAX_CACHED_SCRATCH_BYTES = 16 << 20
+_SCRATCH_ALIGN = 256
+_scratch: dict[tuple[int, int], torch.Tensor] = {}
 
-    __slots__ = ("call", "call_address", "results")
+
+def _scratch_buffer(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+    """At least nbytes of device memory for scratch results, on `stream` (see above)."""
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device.index, stream)
+    buffer = _scratch.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if nbytes <= MAX_CACHED_SCRATCH_BYTES:
+            _scratch[key] = buffer
+    return buffer
+
+
+class _Plan:
+    """What a call with one static key needs: its XgoCall, the returned results to allocate and
+    the scratch results' offsets in one scratch buffer."""
+
+    __slots__ = ("call", "call_address", "returned", "scratch_bytes", "scratch_offsets")
 
     def __init__(self, op: ops.Op, tensors: list[torch.Tensor], attrs: tuple):
         self.call, results = _library.describe_call(
@@ -56,7 +86,15 @@ class _Plan:
             op.split_schema_args([*tensors, *attrs])[1],
         )  # fmt: skip
         self.call_address = ctypes.addressof(self.call)
-        self.results = [(spec.shape, torch_dtype(spec.dtype)) for spec in results]
+        specs = [(spec.shape, torch_dtype(spec.dtype)) for spec in results]
+        self.returned = specs[: op.returned]
+        self.scratch_offsets = []
+        offset = 0
+        for shape, dtype in specs[op.returned :]:
+            self.scratch_offsets.append(offset)
+            nbytes = math.prod(shape) * dtype.itemsize
+            offset += -(-nbytes // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+        self.scratch_bytes = offset
 
 
 def make_kernel(op: ops.Op, functional: bool = False):
@@ -71,12 +109,12 @@ def make_kernel(op: ops.Op, functional: bool = False):
     aliases = {} if functional else dict(op.aliases)
     launch = None  # the library's launch entry, resolved on first use
     pick = op.torch_result(functional)
+    shape_of, dtype_of = operator.attrgetter("shape"), operator.attrgetter("dtype")
 
-    def kernel(*args):
-        nonlocal launch
-        tensors = list(args[:num_operands])
-        attrs = args[num_operands:]
-        device = tensors[0].device
+    def checked(tensors, device) -> list[torch.Tensor]:
+        """The operands on `device`, contiguous and 16-byte aligned (copies where they are not,
+        except for operands written in place), or ValueError naming the operand."""
+        tensors = list(tensors)
         for i in host_ok:  # e.g. num_seqs kept on the host by a serving loop
             if tensors[i].device.type == "cpu" and device.type == "cuda":
                 tensors[i] = tensors[i].to(device, non_blocking=True)
@@ -86,13 +124,6 @@ def make_kernel(op: ops.Op, functional: bool = False):
                     f"{op.name}: {op.operands[i].name}: on {t.device}, "
                     f"{op.operands[0].name} is on {device}"
                 )
-        key = (attrs, *[t.shape for t in tensors], *[t.dtype for t in tensors])
-        plan = plans.get(key)
-        if plan is None:
-            launch = _library.load().op(op).launch  # before the plan is visible to other threads
-            if len(plans) >= MAX_PLANS:
-                plans.clear()
-            plan = plans[key] = _Plan(op, tensors, attrs)
         for i, t in enumerate(tensors):
             if not t.is_contiguous() or t.data_ptr() % 16:
                 if i in aliases.values():
@@ -101,20 +132,51 @@ def make_kernel(op: ops.Op, functional: bool = False):
                         "(it is updated in place)"
                     )
                 tensors[i] = _dense(t)
+        return tensors
+
+    def kernel(*args):
+        nonlocal launch
+        tensors = args[:num_operands]
+        attrs = args[num_operands:]
+        device = tensors[0].device
+        # One pass over the operands for the common case; anything else takes `checked`.
+        pointers = []
+        for t in tensors:
+            pointer = t.data_ptr()
+            if t.device != device or pointer % 16 or not t.is_contiguous():
+                tensors = checked(tensors, device)
+                pointers = [t.data_ptr() for t in tensors]
+                break
+            pointers.append(pointer)
+        key = (attrs, *map(shape_of, tensors), *map(dtype_of, tensors))
+        plan = plans.get(key)
+        if plan is None:
+            launch = _library.load().op(op).launch  # before the plan is visible to other threads
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = _Plan(op, tensors, attrs)
         results = [
             tensors[aliases[j]] if j in aliases else torch.empty(shape, dtype=dtype, device=device)
-            for j, (shape, dtype) in enumerate(plan.results)
+            for j, (shape, dtype) in enumerate(plan.returned)
         ]
-        buffers = pack(*[t.data_ptr() for t in tensors], *[r.data_ptr() for r in results])
-        index = device.index
-        if torch._C._cuda_getDevice() == index:
-            status = launch(plan.call_address, buffers, torch._C._cuda_getCurrentRawStream(index))
+        if torch._C._cuda_getDevice() == device.index:
+            enqueue(plan, device, pointers, results)
         else:
             with torch.cuda.device(device):
-                stream = torch._C._cuda_getCurrentRawStream(index)
-                status = launch(plan.call_address, buffers, stream)
+                enqueue(plan, device, pointers, results)
+        return pick(results)
+
+    def enqueue(plan: _Plan, device, pointers: list[int], results: list[torch.Tensor]) -> None:
+        """One foreign call that enqueues the op on `device`'s current stream (device current)."""
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        buffer = None  # the scratch buffer: referenced here until the op is enqueued
+        scratch = []
+        if plan.scratch_offsets:
+            buffer = _scratch_buffer(device, stream, max(plan.scratch_bytes, 1))
+            scratch = [buffer.data_ptr() + offset for offset in plan.scratch_offsets]
+        buffers = pack(*pointers, *[r.data_ptr() for r in results], *scratch)
+        status = launch(plan.call_address, buffers, stream)
         if status:
             _library.load().raise_for_status(status)
-        return pick(results)
 
     return kernel

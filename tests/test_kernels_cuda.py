@@ -132,23 +132,31 @@ def test_paged_attention_long_context_split_kv(dtype, sliding_window):
                             sliding_window=sliding_window)  # fmt: skip
 
 
-D256_DECODES = ((1, 37), (1, 300), (1, 5), (1, 129), (1, 4_133), (1, 32), (1, 33))
+# Decode-like (tokens <= 2 x sequences): one-token decodes and one 4-token sequence.
+D256_DECODES = ((1, 37), (1, 300), (1, 5), (1, 129), (1, 4_133), (1, 32), (1, 33), (4, 300))
+D256_SPLIT_SEQUENCE = 4  # the 4133-key sequence: several KV splits
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 5, 16, 48, 128])
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(None, None), (45, None), (None, 4.0)])
-@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(12, 4), (8, 1)])
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(12, 4), (16, 1)])
 def test_decode_head_dim_256_tiles(dtype, page_size, sliding_window, soft_cap, num_q_heads,
                                    num_kv_heads):  # fmt: skip
     """16-bit D = 256 decodes run 32-key tiles (8 keys per warp, P V by m16n8k8): contexts that
     end inside a tile or on its edge, pages shorter and longer than a tile, windows that start
-    inside one, and the KV splits of the 4133-key sequence."""
+    inside one, all 16 rows of a tile (16 heads per KV head; 4 tokens of 3 heads), and the KV
+    splits of the 4133-key sequence, checked on its own rows too (the short sequences would
+    otherwise dominate the batch's error)."""
     seed = fresh_seed()
     inputs = make_paged_inputs(D256_DECODES, num_q_heads, num_kv_heads, 256, page_size, dtype,
                                seed, pad_tokens=2)  # fmt: skip
-    check_against_reference(inputs, dtype, seed, scale=default_scale(256),
-                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+    attrs = dict(scale=default_scale(256), sliding_window=sliding_window, soft_cap=soft_cap)
+    out = check_against_reference(inputs, dtype, seed, **attrs)
+    expected = reference.paged_attention(**inputs, **attrs, compute_dtype=torch.float64)
+    rows = _rows_of(inputs, D256_SPLIT_SEQUENCE)
+    error = rel_l2(out[rows], expected[rows])
+    assert error < TOLERANCE[dtype], f"split sequence: relative L2 {error:.3g} (seed {seed})"
 
 
 @pytest.mark.parametrize("corruption", ["page_out_of_range", "negative_page"])
@@ -156,7 +164,7 @@ def test_decode_head_dim_256_bad_page_poisons_its_sequence(corruption):
     seed = fresh_seed()
     inputs = make_paged_inputs(D256_DECODES, 8, 2, 256, 16, torch.bfloat16, seed)
     expected = reference.paged_attention(**inputs, scale=0.06, compute_dtype=torch.float64)
-    bad = 4  # the split sequence: its third page
+    bad = D256_SPLIT_SEQUENCE  # its third page
     inputs["block_tables"][bad, 2] = -1 if corruption == "negative_page" else (
         inputs["kv_cache"].shape[0])  # fmt: skip
     out = run_cuda(inputs, scale=0.06)

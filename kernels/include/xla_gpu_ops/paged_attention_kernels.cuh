@@ -516,7 +516,7 @@ struct KvTileLoader {
     for (int i = 0; i < kKeys; ++i) {
       const int key = first + i * kKeyStride;
       // Not inspected here: a compare right after the load makes the warp wait for it before
-      // this tile's math instead of at the next Issue (at D=256, 4 warps/SM, nothing hides it).
+      // this tile's math instead of at the next Issue (with few warps per SM nothing hides it).
       pages[i] = key < key_end ? table[FastDiv(p.page_size_div, key)] : -1;
     }
   }
@@ -706,8 +706,8 @@ struct MmaConfig {
   // Row stride (TileOffset): unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made cp.async
   // ask L2 twice for half of the sectors), except 64-key tiles at D=256 (row tiles, short
   // blocks): padded rows, whose plain addresses measured faster there at 1 block/SM (352 -> 339
-  // us, H200). The 32-key D=256 decode tiles at 2 blocks/SM: padded rows read 1.5x the L2 sectors
-  // and ran 6 % slower than swizzled ones (B32 x 4k: 384.6 vs 363.7 us, H100).
+  // us, H200). The 32-key D=256 decode tiles at 2 blocks/SM gained nothing with padded rows
+  // (perf log d17).
   static constexpr int kLds = kD <= 128 || kTileKeys < kMmaTileKeys ? kD : kD + 8;
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
@@ -885,10 +885,9 @@ template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kD, 
 using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, kStages>,
                                          MmaConfig<kD, kRowWarps, kStages, kTileKeys>>;
 // Keys per tile of the decode kernel (PagedAttentionMmaKernel). 16-bit D = 256 decode: 32, so 3
-// stages fit two blocks (8 warps) per SM; 64-key tiles left one block of 4 warps per SM, and the
-// kernel latency-bound (ncu, H100, B32 x 4k: issue 21 %, DRAM 82 %; FlashInfer's kernel, 8 warps
-// per SM, 88 %): 385.9 -> 363.7 us. Each warp then owns 8 keys of a tile: Q K^T by ldmatrix over
-// two d steps, P V by m16n8k8. fp8 keeps 64 (stages of half the size: 2 blocks per SM already).
+// stages fit two blocks (8 warps) per SM; at 64 keys one block of 4 warps per SM left the kernel
+// latency-bound (perf log d17). Each warp then owns 8 keys of a tile: Q K^T by ldmatrix over two
+// d steps, P V by m16n8k8. fp8 keeps 64 (stages of half the size: 2 blocks per SM already).
 template <typename KV, int kD, int kRowWarps>
 inline constexpr int kKernelTileKeys =
     kRowWarps == 1 && kD > 128 && !IsFp8<KV> ? kMmaTileKeys / 2 : kMmaTileKeys;

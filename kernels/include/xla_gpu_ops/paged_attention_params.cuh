@@ -42,9 +42,10 @@ constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher pick
 // GPU best; e.g. Hq = Hkv = 32, B = 32 has 1024 blocks per split, 2.6 waves at 3 blocks/SM).
 constexpr int kDecodeTargetBlocks = 8192;
 constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
-// Keys per K/V tile of the mma.sync tile kernels (MmaConfig), decode tiles included.
+// Keys per K/V tile of the mma.sync tile kernels (MmaConfig; the 16-bit D = 256 decode kernel
+// takes half, kKernelTileKeys), and the unit of decode splits.
 constexpr int kMmaTileKeys = 64;
-// Decode tiles: splits down to one tile, and the launcher's cost model picks the count. A split of
+// Decode: splits down to kMmaTileKeys keys, and the launcher's cost model picks the count. A split of
 // more tiles than the tile kernel's K/V stages waits a second round trip for its last ones: B = 1
 // x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.7 us for the
 // first (phase probe), nearly all of its kernel time beyond the lookup.

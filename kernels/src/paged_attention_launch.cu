@@ -41,9 +41,9 @@ constexpr int64_t kMaxPrepBlocks = 1024;
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // Fixed cost of one split block beyond its key tiles (start-up, epilogue, partial output and its
-// merge), in units of kMmaTileKeys keys (a decode tile; two at 16-bit D = 256): without it the fill rule alone chased a 0.3 % better
-// fill with 37 splits of 7 tiles (B=8, ctx 16k, Hq 64 / Hkv 8: 169.8 us vs 152.9 us with 12
-// splits, H200).
+// merge), in units of kMmaTileKeys keys (a decode tile; two at 16-bit D = 256): without it the
+// fill rule alone chased a 0.3 % better fill with 37 splits of 7 tiles (B=8, ctx 16k, Hq 64 /
+// Hkv 8: 169.8 us vs 152.9 us with 12 splits, H200).
 constexpr int64_t kSplitOverheadTiles = 1;
 
 // KV splits actually used, <= the planned (workspace-sized) count. 16-row decode tiles: the count
@@ -187,7 +187,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
   const bool decode = plan.path == AttentionPath::kDecodeMma;
 #define XGO_LAUNCH_MMA(D, RW)                                                                    \
   return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                                  \
-                         MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream,             \
+                         MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream,           \
                          /*programmatic=*/RW == 1)
   if constexpr (IsFp8<KV>) {
     switch (params.head_dim) {

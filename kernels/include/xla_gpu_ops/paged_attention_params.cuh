@@ -45,10 +45,10 @@ constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to m
 // Keys per K/V tile of the mma.sync tile kernels (MmaConfig; the 16-bit D = 256 decode kernel
 // takes half, kKernelTileKeys), and the unit of decode splits.
 constexpr int kMmaTileKeys = 64;
-// Decode: splits down to kMmaTileKeys keys, and the launcher's cost model picks the count. A split of
-// more tiles than the tile kernel's K/V stages waits a second round trip for its last ones: B = 1
-// x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.7 us for the
-// first (phase probe), nearly all of its kernel time beyond the lookup.
+// Decode: splits down to kMmaTileKeys keys, and the launcher's cost model picks the count. A
+// split of more tiles than the tile kernel's K/V stages waits a second round trip for its last
+// ones: B = 1 x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.7
+// us for the first (phase probe), nearly all of its kernel time beyond the lookup.
 constexpr int64_t kMinDecodeSplitKeys = kMmaTileKeys;
 constexpr int kMaxSplits = 128;
 // Short sequences of a prefill-like batch (the decodes of a mixed batch): KV splits of about

@@ -13,7 +13,6 @@ FlashInfer's plan() runs before, on the host, as in the benchmark.
 from __future__ import annotations
 
 import sys
-import types
 
 
 def main(argv: list[str]) -> int:
@@ -21,10 +20,11 @@ def main(argv: list[str]) -> int:
 
     from benchmarks import flashinfer_peer, ours
     from benchmarks.cases import OPERANDS, all_cases, build_inputs, scale_of
+    from benchmarks.peers import BenchEnv
 
     if not argv:
         sys.exit(__doc__)
-    env = types.SimpleNamespace(on_gpu=True, device="cuda")
+    env = BenchEnv(on_gpu=True)
     cases = [c for c in all_cases(quick=False) if any(s in c.name for s in argv)]
     cases = [c for c in cases if c.kind in ("decode", "prefill", "mixed")]
     if not cases:

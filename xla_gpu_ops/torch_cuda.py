@@ -94,7 +94,7 @@ class _Plan:
             self.scratch_offsets.append(offset)
             nbytes = math.prod(shape) * dtype.itemsize
             offset += -(-nbytes // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
-        self.scratch_bytes = offset
+        self.scratch_bytes = max(offset, 1)  # a buffer even when every scratch result is empty
 
 
 def make_kernel(op: ops.Op, functional: bool = False):
@@ -172,7 +172,7 @@ def make_kernel(op: ops.Op, functional: bool = False):
         buffer = None  # the scratch buffer: referenced here until the op is enqueued
         scratch = []
         if plan.scratch_offsets:
-            buffer = _scratch_buffer(device, stream, max(plan.scratch_bytes, 1))
+            buffer = _scratch_buffer(device, stream, plan.scratch_bytes)
             scratch = [buffer.data_ptr() + offset for offset in plan.scratch_offsets]
         buffers = pack(*pointers, *[r.data_ptr() for r in results], *scratch)
         status = launch(plan.call_address, buffers, stream)

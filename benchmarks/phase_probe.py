@@ -11,6 +11,8 @@ the median / max of each phase over the blocks of one call, the spread of block 
 the span from the first block's start to the last block's end (globaltimer, so across SMs).
 Two runs per shape: right after earlier calls (as in a serving loop) and after an idle device.
 Phases are clock64 cycles converted at --ghz (the H200 runs decode at 1.98 GHz).
+--blocks DIR: also one CSV per shape and run with every block's SM, start and end (ns from the
+first start) and phases (us), blocks in launch order (x fastest, then head block, then split).
 
 --prefill: the sm_90a prefill kernel instead (forced through the library's test hook), on the
 causal prefill shapes of prefill_sm90_probe.py. Per block: barrier set-up, the tile lookup, the
@@ -37,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repositor
 from benchmarks import ours
 from benchmarks.cases import OPERANDS, build_inputs, decode_case, scale_of
 
-BLOCKS, SLOTS = 8192, 8  # kPhaseBlocks, kPhaseSlots
+BLOCKS, SLOTS = 8192, 9  # kPhaseBlocks, kPhaseSlots
+DECODE_END_NS, DECODE_SM = 7, 8  # the decode slots after the clock64 phases (RecordPhase)
 PHASES = ("pdl-wait", "find", "first-tile", "loop", "epilogue")
 SHAPES = {
     "B1 1k": (1, 1024, (32, 8)),
@@ -56,15 +59,28 @@ def phase_table(lib) -> np.ndarray:
     return table
 
 
+def write_blocks(table: np.ndarray, ghz: float, path: Path) -> None:
+    rows = table[: np.count_nonzero(table[:, 0])].astype(np.int64)  # blocks in launch order
+    t0 = rows[rows[:, 0] > 0, 0].min()
+    phases_us = np.diff(rows[:, 1:7], axis=1) / ghz / 1e3
+    with path.open("w") as f:
+        f.write("block,sm,start_ns,end_ns," + ",".join(PHASES) + "\n")
+        for i, (r, ph) in enumerate(zip(rows, phases_us, strict=True)):
+            done = (r[: DECODE_END_NS + 1] > 0).all()
+            cells = [f"{v:.3f}" for v in ph] if done else [""] * len(PHASES)
+            end = str(r[DECODE_END_NS] - t0) if done else ""
+            f.write(f"{i},{r[DECODE_SM]},{r[0] - t0},{end}," + ",".join(cells) + "\n")
+
+
 def summarise(table: np.ndarray, ghz: float) -> str:
     # blocks that stored outputs after at least one tile (a block with an empty key range never
     # stamps slot 4, so its phases would mix zeros with clock values)
-    done = table[(table > 0).all(axis=1)].astype(np.int64)
+    done = table[(table[:, : DECODE_END_NS + 1] > 0).all(axis=1)].astype(np.int64)
     if len(done) == 0:
         return "no block stored outputs (is this a -DXGO_PHASE_TIMES=1 build?)"
     truncated = " (TRUNCATED: more blocks than the table holds)" if len(done) == BLOCKS else ""
     phases_us = np.diff(done[:, 1:7], axis=1) / ghz / 1e3
-    start, end = done[:, 0], done[:, SLOTS - 1]
+    start, end = done[:, 0], done[:, DECODE_END_NS]
     med, top = np.median(phases_us, axis=0), np.max(phases_us, axis=0)
     parts = " ".join(f"{n} {m:.2f}/{t:.2f}" for n, m, t in zip(PHASES, med, top, strict=True))
     return (
@@ -194,6 +210,7 @@ def main() -> None:
     parser.add_argument("--ghz", type=float, default=1.98, help="SM clock for clock64 phases")
     parser.add_argument("--shapes", default=None, help="comma-separated names")
     parser.add_argument("--prefill", action="store_true", help="the sm_90a prefill kernel")
+    parser.add_argument("--blocks", type=Path, default=None, help="per-block CSVs into this dir")
     args = parser.parse_args()
     path = os.environ.get("XLA_GPU_OPS_LIBRARY")
     if not path:
@@ -222,7 +239,12 @@ def main() -> None:
             for i in range(calls):  # the last call's blocks overwrite the earlier ones'
                 call(i)
             torch.cuda.synchronize()
-            print(f"{case.name:34s} {mode:21s} {summarise(phase_table(lib), args.ghz)}", flush=True)
+            table = phase_table(lib)
+            print(f"{case.name:34s} {mode:21s} {summarise(table, args.ghz)}", flush=True)
+            if args.blocks:
+                args.blocks.mkdir(parents=True, exist_ok=True)
+                tag = "warm" if calls > 1 else "idle"
+                write_blocks(table, args.ghz, args.blocks / f"{case.name}-{tag}.csv")
         del sets
         torch.cuda.empty_cache()
 

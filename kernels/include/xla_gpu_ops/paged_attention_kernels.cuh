@@ -50,13 +50,13 @@ __device__ __forceinline__ void AllowNextKernelToLaunch() {
 
 // Phase timestamps of the decode kernel (diagnostic builds only: -DXGO_PHASE_TIMES=1, read by
 // xgo_debug_phase_times and benchmarks/phase_probe.py). Thread 0 of each of the first 8192 blocks
-// writes slot k: 0 and 7 %globaltimer (ns, comparable across SMs), 1-6 clock64 (SM cycles).
-// Compiled out otherwise.
+// writes slot k: 0 and 7 %globaltimer (ns, comparable across SMs), 1-6 clock64 (SM cycles), and
+// slot 8 its SM (%smid). Compiled out otherwise.
 #ifndef XGO_PHASE_TIMES
 #define XGO_PHASE_TIMES 0
 #endif
 constexpr int kPhaseBlocks = 8192;
-constexpr int kPhaseSlots = 8;
+constexpr int kPhaseSlots = 9;
 #if XGO_PHASE_TIMES
 static __device__ unsigned long long g_phase_times[kPhaseBlocks][kPhaseSlots];
 
@@ -78,12 +78,17 @@ __device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   if (block >= kPhaseBlocks) return;
   unsigned long long t;
-  if (slot == 0 || slot == kPhaseSlots - 1) {
+  if (slot == 0 || slot == 7) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } else {
     t = clock64();
   }
   g_phase_times[block][slot] = t;
+  if (slot == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_phase_times[block][8] = sm;
+  }
 #endif
 }
 

@@ -207,6 +207,22 @@ def test_paged_attention_empty_sequences_and_zero_num_seqs():
     assert (out == 0).all(), "with num_seqs = 0 every row is padding"
 
 
+def test_decode_grid_orders():
+    """Decode launches of more than one wave number head blocks fastest (grid.y = the static bound
+    of q tiles, T / tokens per tile + S), except past grid.y's 65535; one wave keeps q tiles
+    fastest. 1200 sequences x 2 head blocks: more blocks than any GPU holds at once."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    many = tuple((1, c) for c in torch.randint(1, 700, (1200,), generator=gen).tolist())
+    few = ((1, 700), (1, 33), (1, 1), (1, 260))
+    for specs, extra_seqs in ((many, 0), (many, 66000), (few, 0)):  # the last two: q tiles fastest
+        inputs = make_paged_inputs(
+            specs, 8, 2, 128, 16, torch.bfloat16, seed, extra_seqs=extra_seqs
+        )
+        check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128),
+                                rows=slice(0, 4))  # fmt: skip
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_attention_is_deterministic(dtype):
     """Two runs on the same inputs agree bit for bit (a moving result would mean a race)."""

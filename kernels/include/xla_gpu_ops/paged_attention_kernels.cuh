@@ -301,8 +301,14 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   }
   const int n = *p.num_seqs;
   if (kSelfCheck && (n < 0 || n > p.max_num_seqs)) return false;
+  // Decode launches number head blocks fastest where grid.y holds the q tiles (params), so the
+  // blocks resident at once read all kv heads of fewer sequences (perf log d20).
+  const bool heads_fastest = kSelfCheck && p.head_blocks_fastest != 0;
+  const int q_tile = heads_fastest ? blockIdx.y : blockIdx.x;
+  const int q_tiles = heads_fastest ? gridDim.y : gridDim.x;
+  const int head_block = heads_fastest ? blockIdx.x : blockIdx.y;
   // Last q tiles first: in a causal prefill they see the most keys, so the long blocks start early.
-  const int x = gridDim.x - 1 - blockIdx.x;
+  const int x = q_tiles - 1 - q_tile;
   const int bq = p.tokens_per_tile;
   const int found =
       kSelfCheck ? FindSequenceOfTile(p, x, n, bq) : BisectSequenceOfTile(p, x, n, bq);
@@ -312,7 +318,7 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   if (kSelfCheck && !(start >= 0 && start <= end && end <= p.num_tokens)) return false;
   const int tok0 = start + (x - (start / bq + found)) * bq;
   if (tok0 >= end) return false;
-  SetSequenceTile(p, found, start, end, tok0, min(tok0 + bq, end), blockIdx.y * p.heads_per_block,
+  SetSequenceTile(p, found, start, end, tok0, min(tok0 + bq, end), head_block * p.heads_per_block,
                   w);
   w.split = blockIdx.z;
   w.num_splits = p.num_splits;

@@ -231,6 +231,9 @@ struct PagedAttentionParams {
   float* short_out;     // [short_splits, S, short_tokens, Hq, D]
   int* short_order;     // [S]: written by the prep kernel
   int short_tokens, short_splits;
+  // Decode kernel grid: (head blocks, q tiles, splits) when set, else (q tiles, head blocks,
+  // splits).
+  int head_blocks_fastest;
 };
 
 }  // namespace xgo

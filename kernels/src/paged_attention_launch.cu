@@ -47,13 +47,18 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 // Hkv 8: 169.8 us vs 152.9 us with 12 splits, H200).
 constexpr int64_t kSplitOverheadTiles = 1;
 
+// Blocks of one KV split that can own rows: real q tiles are at most min(num_q_tiles, T), since
+// each holds at least one token.
+int64_t BlocksPerSplit(const PagedAttentionPlan& plan, const PagedAttentionParams& params) {
+  return std::min<int64_t>(plan.num_q_tiles, params.num_tokens) * plan.num_head_blocks;
+}
+
 // KV splits actually used, <= the planned (workspace-sized) count. 16-row decode tiles: the count
 // with the least modelled time, waves x (key tiles per split + kSplitOverheadTiles), fewest
 // splits on ties (blocks of one split are ~equal in decode, so a partial last wave idles SMs, and
 // one wave just under the slot count beats a second wave of a few blocks; key tiles from the
 // static capacity pages_per_seq x page_size). Otherwise: the fewest splits whose blocks fill the
-// resident slots (SMs x blocks per SM) within 2 % of the best fill. Real q tiles are at most
-// min(grid.x, num_tokens): each holds at least one token.
+// resident slots (SMs x blocks per SM) within 2 % of the best fill.
 int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
                  int64_t slots) {
   if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
@@ -62,8 +67,7 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
     return std::max(1, std::min(plan.num_splits, std::atoi(forced)));
   }
 #endif
-  const int64_t per_split =
-      std::min<int64_t>(plan.num_q_tiles, params.num_tokens) * plan.num_head_blocks;
+  const int64_t per_split = BlocksPerSplit(plan, params);
   if (plan.path == AttentionPath::kDecodeMma) {
     const int64_t capacity = static_cast<int64_t>(params.pages_per_seq) * params.page_size;
     const int64_t key_tiles = std::max<int64_t>(1, (capacity + kMmaTileKeys - 1) / kMmaTileKeys);
@@ -174,8 +178,7 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
   // (-0.6 to -1.5 %, perf log d20). In one wave every block is resident anyway (the anchor ran
   // 0.3 % slower that way). grid.y holds 65535 q tiles.
   const int64_t q_tiles = plan.num_q_tiles, head_blocks = plan.num_head_blocks;
-  const int64_t blocks = std::min<int64_t>(q_tiles, params.num_tokens) * head_blocks *
-                         params.num_splits;  // real q tiles hold at least one token each
+  const int64_t blocks = BlocksPerSplit(plan, params) * params.num_splits;
   params.head_blocks_fastest = programmatic && blocks > info.slots && q_tiles <= kMaxGridY;
   const dim3 grid(static_cast<unsigned>(params.head_blocks_fastest ? head_blocks : q_tiles),
                   static_cast<unsigned>(params.head_blocks_fastest ? q_tiles : head_blocks),

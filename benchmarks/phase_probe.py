@@ -12,7 +12,7 @@ the span from the first block's start to the last block's end (globaltimer, so a
 Two runs per shape: right after earlier calls (as in a serving loop) and after an idle device.
 Phases are clock64 cycles converted at --ghz (the H200 runs decode at 1.98 GHz).
 --blocks DIR: also one CSV per shape and run with every block's SM, start and end (ns from the
-first start) and phases (us), blocks in launch order (x fastest, then head block, then split).
+first start) and phases (us), blocks in launch order (grid.x fastest, then grid.y, then the split).
 
 --prefill: the sm_90a prefill kernel instead (forced through the library's test hook), on the
 causal prefill shapes of prefill_sm90_probe.py. Per block: barrier set-up, the tile lookup, the

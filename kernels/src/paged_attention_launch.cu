@@ -175,7 +175,7 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
   params.num_splits = ChooseSplits(plan, params, info.slots);
   // The decode kernel (the programmatic launch) numbers head blocks fastest when its blocks take
   // more than one wave: the blocks resident at once then read all kv heads of fewer sequences
-  // (-0.6 to -1.5 %, perf log d20). In one wave every block is resident anyway (the anchor ran
+  // (-1 to -1.6 %, perf log d20). In one wave every block is resident anyway (the anchor ran
   // 0.3 % slower that way). grid.y holds 65535 q tiles.
   const int64_t q_tiles = plan.num_q_tiles, head_blocks = plan.num_head_blocks;
   const int64_t blocks = BlocksPerSplit(plan, params) * params.num_splits;

@@ -40,7 +40,7 @@ from benchmarks import ours
 from benchmarks.cases import OPERANDS, build_inputs, decode_case, scale_of
 
 BLOCKS, SLOTS = 8192, 9  # kPhaseBlocks, kPhaseSlots
-DECODE_END_NS, DECODE_SM = 7, 8  # the decode slots after the clock64 phases (RecordPhase)
+DECODE_END_NS, DECODE_SM = 7, 8  # kPhaseEndSlot, kPhaseSmSlot (RecordPhase)
 PHASES = ("pdl-wait", "find", "first-tile", "loop", "epilogue")
 SHAPES = {
     "B1 1k": (1, 1024, (32, 8)),
@@ -59,23 +59,26 @@ def phase_table(lib) -> np.ndarray:
     return table
 
 
+def stored_outputs(rows: np.ndarray) -> np.ndarray:
+    """Mask of the blocks that stored outputs after at least one tile (a block with an empty key
+    range never stamps slot 4, so its phases would mix zeros with clock values)."""
+    return (rows[:, : DECODE_END_NS + 1] > 0).all(axis=1)
+
+
 def write_blocks(table: np.ndarray, ghz: float, path: Path) -> None:
     rows = table[: np.count_nonzero(table[:, 0])].astype(np.int64)  # blocks in launch order
     t0 = rows[rows[:, 0] > 0, 0].min()
     phases_us = np.diff(rows[:, 1:7], axis=1) / ghz / 1e3
     with path.open("w") as f:
         f.write("block,sm,start_ns,end_ns," + ",".join(PHASES) + "\n")
-        for i, (r, ph) in enumerate(zip(rows, phases_us, strict=True)):
-            done = (r[: DECODE_END_NS + 1] > 0).all()
+        for i, (r, ph, done) in enumerate(zip(rows, phases_us, stored_outputs(rows), strict=True)):
             cells = [f"{v:.3f}" for v in ph] if done else [""] * len(PHASES)
             end = str(r[DECODE_END_NS] - t0) if done else ""
             f.write(f"{i},{r[DECODE_SM]},{r[0] - t0},{end}," + ",".join(cells) + "\n")
 
 
 def summarise(table: np.ndarray, ghz: float) -> str:
-    # blocks that stored outputs after at least one tile (a block with an empty key range never
-    # stamps slot 4, so its phases would mix zeros with clock values)
-    done = table[(table[:, : DECODE_END_NS + 1] > 0).all(axis=1)].astype(np.int64)
+    done = table[stored_outputs(table)].astype(np.int64)
     if len(done) == 0:
         return "no block stored outputs (is this a -DXGO_PHASE_TIMES=1 build?)"
     truncated = " (TRUNCATED: more blocks than the table holds)" if len(done) == BLOCKS else ""

@@ -56,6 +56,8 @@ __device__ __forceinline__ void AllowNextKernelToLaunch() {
 #define XGO_PHASE_TIMES 0
 #endif
 constexpr int kPhaseBlocks = 8192;
+constexpr int kPhaseEndSlot = 7;  // outputs stored (globaltimer)
+constexpr int kPhaseSmSlot = 8;
 constexpr int kPhaseSlots = 9;
 #if XGO_PHASE_TIMES
 static __device__ unsigned long long g_phase_times[kPhaseBlocks][kPhaseSlots];
@@ -78,7 +80,7 @@ __device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   if (block >= kPhaseBlocks) return;
   unsigned long long t;
-  if (slot == 0 || slot == 7) {
+  if (slot == 0 || slot == kPhaseEndSlot) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } else {
     t = clock64();
@@ -87,7 +89,7 @@ __device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
   if (slot == 0) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    g_phase_times[block][8] = sm;
+    g_phase_times[block][kPhaseSmSlot] = sm;
   }
 #endif
 }
@@ -1198,7 +1200,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   __syncthreads();
   MergeKeyWarpsAndStore<T, kD, kKeyWarps, kOutLds, Exp2Mode::kFull, false>(p, w, s_m, s_l, s_out);
   RecordPhase(6);  // outputs stored (clock64)
-  RecordPhase(7);  // outputs stored (globaltimer)
+  RecordPhase(kPhaseEndSlot);  // outputs stored (globaltimer)
 }
 
 // KV: the cache's element type (T, or __nv_fp8_e4m3 read through the scales).

@@ -64,7 +64,7 @@ SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
 summary=()
 for step in "${steps[@]}"; do
   case $step in
-    tests) timeout 540 "${PYTEST[@]}" --durations=25 tests/ "${NOT_GPU[@]}" -n 8 > "$out/tests.txt" 2>&1 ;;
+    tests) timeout 900 "${PYTEST[@]}" --durations=25 tests/ "${NOT_GPU[@]}" -n 8 > "$out/tests.txt" 2>&1 ;;
     kernels) timeout 300 "${PYTEST[@]}" tests/test_kernels_cuda.py -n 8 > "$out/kernels.txt" 2>&1 ;;
     frontends) timeout 300 "${PYTEST[@]}" -m "torchax or jax" tests/ -n 4 > "$out/frontends.txt" 2>&1 ;;
     examples)

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -541,3 +542,55 @@ def test_record_filing_keeps_one_record_and_lists_the_rest(tmp_path, monkeypatch
     assert rows[0].startswith(f"| {dest.name} | NVIDIA H200 | 0123456 |")
     assert rows[1].endswith("| git history, last in the tree at fedcba9 |")
     assert "MISSED" in (dest / "README.md").read_text()  # its verdict summary
+
+
+def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
+    """Each round runs the command under every build in turn; times come from case-named lines."""
+    from benchmarks import library_ab
+
+    builds = []
+    for name in ("main", "variant"):
+        path = tmp_path / f"lib{name}.so"
+        path.write_bytes(b"")
+        builds.append(f"{name}={path}")
+    log = tmp_path / "order.txt"
+    # A stand-in probe: logs which build it ran under and prints a probe-style table row whose
+    # time depends on the build (100 for main, 90 for the variant).
+    probe = (
+        "import os, pathlib; lib = os.environ['XLA_GPU_OPS_LIBRARY']; "
+        f"pathlib.Path({str(log)!r}).open('a').write(lib + '\\n'); "
+        "t = 90.0 if 'variant' in lib else 100.0; "
+        "print('progress decode_B1_ctx1k_h32-8_d128_p16 1.0'); "
+        "print(f'| prefill_B1_len8k_h32-8_d64_p16 | {t} | - | 1.8e-03 |'); "
+        "print(f'label    decode_B1_ctx1k_h32-8_d128_p16      {t / 10:8.1f}  9.9 us')"
+    )
+    out = tmp_path / "ab"
+    status = library_ab.main(
+        ["--rounds", "2", "--out", str(out), *builds, "--", sys.executable, "-c", probe]
+    )
+    assert status == 0
+    order = [os.path.basename(line) for line in log.read_text().split()]
+    assert order == ["libmain.so", "libvariant.so"] * 2
+    data = json.loads((out / "library_ab.json").read_text())
+    assert data["times_us"]["main"]["prefill_B1_len8k_h32-8_d64_p16"] == [100.0, 100.0]
+    assert data["times_us"]["variant"]["prefill_B1_len8k_h32-8_d64_p16"] == [90.0, 90.0]
+    # the last line naming a case wins (the table after a progress line)
+    assert data["times_us"]["variant"]["decode_B1_ctx1k_h32-8_d128_p16"] == [9.0, 9.0]
+    assert (out / "variant-2.txt").read_text().count("prefill_B1_len8k") == 1
+    assert "0.900x" in library_ab.table(data["times_us"])
+
+
+def test_library_ab_rejects_bad_builds_and_reports_failed_runs(tmp_path):
+    from benchmarks import library_ab
+
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"")
+    with pytest.raises(SystemExit, match="expected NAME=LIBRARY"):
+        library_ab.main([str(lib), f"b={lib}", "--", "true"])
+    with pytest.raises(SystemExit, match="no library file"):
+        library_ab.main([f"a={lib}", f"b={tmp_path / 'missing.so'}", "--", "true"])
+    with pytest.raises(SystemExit, match="at least two builds"):
+        library_ab.main([f"a={lib}", "--", "true"])
+    with pytest.raises(SystemExit, match="given twice"):
+        library_ab.main([f"a={lib}", f"a={lib}", "--", "true"])
+    assert library_ab.main(["--rounds", "1", f"a={lib}", f"b={lib}", "--", "false"]) == 1

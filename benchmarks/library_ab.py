@@ -1,6 +1,6 @@
-"""A / B of library builds: one probe command run under each build in turn, rounds alternating.
+r"""A / B of library builds: one probe command run under each build in turn, rounds alternating.
 
-usage: python3 -m benchmarks.library_ab [--rounds N] [--out DIR] [--timeout S]
+usage: python3 -m benchmarks.library_ab [--rounds N] [--out DIR] [--timeout S] [--pattern RE]
            NAME=LIBRARY NAME=LIBRARY [...] -- COMMAND [ARG ...]
 
 Each round runs COMMAND once per build, in the order given, each in its own process with
@@ -8,12 +8,16 @@ XLA_GPU_OPS_LIBRARY=LIBRARY (the library loads once per process, so builds never
 Alternating the builds spreads the GPU's clock and thermal drift over all of them; a build's
 range over the rounds is its noise. From each run's output every benchmark case name (decode_...,
 prefill_..., mixed_...) followed by a number is read as that case's time in µs (the first number
-after the name: the first timing column of `prefill_sm90_probe.py` and `decode_probe.py`). The table printed last gives, per case and build, the min-max over the
-rounds and the median's ratio to the first build's. With --out DIR: each run's output as
-DIR/<NAME>-<round>.txt and the table with every time as DIR/library_ab.json.
+after the name: the sm_90a column of `prefill_sm90_probe.py`'s table, the first timing of
+`decode_probe.py`'s benchmark cases). --pattern RE reads other lines instead: a regular
+expression with the groups `case` and `us`; for `decode_probe.py`'s own shapes ("anchor
+randperm" and the like): '^\S+\s+(?P<case>.+?)\s+(?P<us>[0-9.]+)\s+[0-9.]+ us'.
+The table printed last gives, per case and build, the min-max over the rounds and the median's
+ratio to the first build's. With --out DIR: each run's output as DIR/<NAME>-<round>.txt and the
+table with every time as DIR/library_ab.json.
 
 Example (a variant build against the default one, on a GPU host):
-    python3 -m benchmarks.library_ab --rounds 3 --out ab main=xla_gpu_ops/_lib/libxla_gpu_ops.so \\
+    python3 -m benchmarks.library_ab --rounds 3 --out ab main=xla_gpu_ops/_lib/libxla_gpu_ops.so \
         variant=build/sm_90a-flags-XXXX/libxla_gpu_ops.so -- python3 benchmarks/prefill_sm90_probe.py
 """
 
@@ -29,18 +33,32 @@ import sys
 from pathlib import Path
 
 CASE_TIME = re.compile(
-    r"\b((?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[^0-9\n]*?([0-9]+(?:\.[0-9]+)?)"
+    r"\b(?P<case>(?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[^0-9\n]*?(?P<us>[0-9]+(?:\.[0-9]+)?)"
 )
 
 
-def parse_times(output: str) -> dict[str, float]:
-    """Case name -> the first number after it on its line (the last line naming a case wins)."""
+def parse_times(output: str, pattern: re.Pattern = CASE_TIME) -> dict[str, float]:
+    """Case -> time from every line the pattern matches (the last line naming a case wins)."""
     times = {}
     for line in output.splitlines():
-        match = CASE_TIME.search(line)
+        match = pattern.search(line)
         if match:
-            times[match.group(1)] = float(match.group(2))
+            times[match.group("case").strip()] = float(match.group("us"))
     return times
+
+
+def compile_pattern(text: str | None) -> re.Pattern:
+    if text is None:
+        return CASE_TIME
+    try:
+        pattern = re.compile(text)
+    except re.error as error:
+        raise SystemExit(f"library_ab: --pattern {text!r}: {error}") from None
+    if not {"case", "us"} <= set(pattern.groupindex):
+        raise SystemExit(
+            f"library_ab: --pattern {text!r}: needs the groups (?P<case>) and (?P<us>)"
+        )
+    return pattern
 
 
 def parse_builds(specs: list[str]) -> dict[str, Path]:
@@ -60,7 +78,12 @@ def parse_builds(specs: list[str]) -> dict[str, Path]:
 
 
 def run_rounds(
-    builds: dict[str, Path], command: list[str], rounds: int, timeout: float, out_dir: Path | None
+    builds: dict[str, Path],
+    command: list[str],
+    rounds: int,
+    timeout: float,
+    out_dir: Path | None,
+    pattern: re.Pattern = CASE_TIME,
 ) -> tuple[dict[str, dict[str, list[float]]], list[str]]:
     """times[build][case] over the rounds, and the runs that failed (exit status or timeout)."""
     times: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
@@ -81,9 +104,10 @@ def run_rounds(
                 (out_dir / f"{name}-{round_index}.txt").write_text(output)
             if status != 0:
                 failures.append(f"{name} round {round_index}: {status}")
-            for case, value in parse_times(output).items():
+            found = parse_times(output, pattern)
+            for case, value in found.items():
                 times[name].setdefault(case, []).append(value)
-            print(f"round {round_index} {name}: {len(parse_times(output))} cases", flush=True)
+            print(f"round {round_index} {name}: {len(found)} cases", flush=True)
     return times, failures
 
 
@@ -118,16 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs per build (default 3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--out", type=Path, help="keeps each run's output and the JSON here")
+    parser.add_argument("--pattern", help="regular expression with groups case and us")
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
         raise SystemExit("library_ab: no command after --")
     if args.rounds < 1:
         raise SystemExit(f"library_ab: --rounds must be >= 1, got {args.rounds}")
+    pattern = compile_pattern(args.pattern)
     builds = parse_builds(args.builds)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-    times, failures = run_rounds(builds, command, args.rounds, args.timeout, args.out)
+    times, failures = run_rounds(builds, command, args.rounds, args.timeout, args.out, pattern)
     text = table(times)
     print(text)
     if args.out is not None:

@@ -594,3 +594,18 @@ def test_library_ab_rejects_bad_builds_and_reports_failed_runs(tmp_path):
     with pytest.raises(SystemExit, match="given twice"):
         library_ab.main([f"a={lib}", f"a={lib}", "--", "true"])
     assert library_ab.main(["--rounds", "1", f"a={lib}", f"b={lib}", "--", "false"]) == 1
+
+
+def test_library_ab_pattern_reads_decode_probe_shapes():
+    from benchmarks import library_ab
+
+    # the line decode_probe.run prints, and the pattern the tool's usage gives for it
+    line = (
+        f"{'main':8s} {'B32 ctx4k D=256':34s} {364.1:8.1f} {365.0:8.1f} us  floor   344.0 -> 0.945"
+    )
+    pattern = library_ab.compile_pattern(r"^\S+\s+(?P<case>.+?)\s+(?P<us>[0-9.]+)\s+[0-9.]+ us")
+    assert library_ab.parse_times(line, pattern) == {"B32 ctx4k D=256": 364.1}
+    with pytest.raises(SystemExit, match="needs the groups"):
+        library_ab.compile_pattern(r"(\S+) ([0-9.]+)")
+    with pytest.raises(SystemExit, match="--pattern"):
+        library_ab.compile_pattern(r"(?P<case>[")

@@ -7,8 +7,8 @@ Each round runs COMMAND once per build, in the order given, each in its own proc
 XLA_GPU_OPS_LIBRARY=LIBRARY (the library loads once per process, so builds never share one).
 Alternating the builds spreads the GPU's clock and thermal drift over all of them; a build's
 range over the rounds is its noise. From each run's output every benchmark case name (decode_...,
-prefill_..., mixed_...) followed by a number is read as that case's time in µs (the first number
-after the name: the sm_90a column of `prefill_sm90_probe.py`'s table, the first timing of
+prefill_..., mixed_...) followed, past spaces, '|' or ':', by a number is read as that case's
+time in µs (the sm_90a column of `prefill_sm90_probe.py`'s table, the first timing of
 `decode_probe.py`'s benchmark cases). --pattern RE reads other lines instead: a regular
 expression with the groups `case` and `us`; for `decode_probe.py`'s own shapes ("anchor
 randperm" and the like): '^\S+\s+(?P<case>.+?)\s+(?P<us>[0-9.]+)\s+[0-9.]+ us'.
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 CASE_TIME = re.compile(
-    r"\b(?P<case>(?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[^0-9\n]*?(?P<us>[0-9]+(?:\.[0-9]+)?)"
+    r"\b(?P<case>(?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[ \t|:]*(?P<us>[0-9]+(?:\.[0-9]+)?)\b"
 )
 
 

@@ -562,6 +562,7 @@ def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
         "t = 90.0 if 'variant' in lib else 100.0; "
         "print('progress decode_B1_ctx1k_h32-8_d128_p16 1.0'); "
         "print(f'| prefill_B1_len8k_h32-8_d64_p16 | {t} | - | 1.8e-03 |'); "
+        'print(\'{"case": "prefill_B1_len8k_h32-8_d64_p16", "sm90_us": 5.0}\'); '
         "print(f'label    decode_B1_ctx1k_h32-8_d128_p16      {t / 10:8.1f}  9.9 us')"
     )
     out = tmp_path / "ab"
@@ -574,9 +575,10 @@ def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
     data = json.loads((out / "library_ab.json").read_text())
     assert data["times_us"]["main"]["prefill_B1_len8k_h32-8_d64_p16"] == [100.0, 100.0]
     assert data["times_us"]["variant"]["prefill_B1_len8k_h32-8_d64_p16"] == [90.0, 90.0]
-    # the last line naming a case wins (the table after a progress line)
+    # the last line naming a case wins (the table after a progress line); a name followed by
+    # anything but spaces, '|' or ':' before its number (a JSON line after the table) is no time
     assert data["times_us"]["variant"]["decode_B1_ctx1k_h32-8_d128_p16"] == [9.0, 9.0]
-    assert (out / "variant-2.txt").read_text().count("prefill_B1_len8k") == 1
+    assert (out / "variant-2.txt").read_text().count("| prefill_B1_len8k") == 1
     assert "0.900x" in library_ab.table(data["times_us"])
 
 

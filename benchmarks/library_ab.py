@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 CASE_TIME = re.compile(
-    r"\b(?P<case>(?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[ \t|:]*(?P<us>[0-9]+(?:\.[0-9]+)?)\b"
+    r"\b(?P<case>(?:decode|prefill|mixed)_[A-Za-z0-9_\-]+)[ \t|:]+(?P<us>[0-9]+(?:\.[0-9]+)?)\b"
 )
 
 

@@ -578,6 +578,11 @@ def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
     # the last line naming a case wins (the table after a progress line); a name followed by
     # anything but spaces, '|' or ':' before its number (a JSON line after the table) is no time
     assert data["times_us"]["variant"]["decode_B1_ctx1k_h32-8_d128_p16"] == [9.0, 9.0]
+    # nor is a shorter name cut from a longer one ("..._p1" with "6" as its time)
+    assert set(data["times_us"]["variant"]) == {
+        "prefill_B1_len8k_h32-8_d64_p16",
+        "decode_B1_ctx1k_h32-8_d128_p16",
+    }
     assert (out / "variant-2.txt").read_text().count("| prefill_B1_len8k") == 1
     assert "0.900x" in library_ab.table(data["times_us"])
 

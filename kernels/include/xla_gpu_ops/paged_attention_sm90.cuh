@@ -3,12 +3,14 @@
 // workspace, split protocol and short region as PagedAttentionPrefillKernel
 // (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
-// One block = 3 warpgroups (384 threads) working through items of 128 query rows (tokens x the
+// One block = a producer and 2 consumer warpgroups (384 threads; 3 consumers, 512 threads, at
+// D = 64) working through items of 64 query rows per consumer (tokens x the
 // q heads of one kv head): one item per block, or, in a persistent launch (one block per SM), the
 // block's first item and then whichever item is next (NextPrefillItem). The producer runs ahead
 // into the next item (its lookup, Q into the other Q buffer, its first K/V tiles) while the
 // consumers finish the current one.
-//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256): thread 0 looks the
+//   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256, 32 beside three
+//     consumers): thread 0 looks the
 //     items up and publishes them in shared memory (Sm90Item); Q by TMA from thread 0
 //     (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch has no Q map); K and V
 //     tiles of kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors read,
@@ -17,13 +19,14 @@
 //     the block's last key, gathered key by key through the page table with 16-byte cp.async
 //     (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
 //     [0, num_pages) are zero-filled, never read.
-//   warpgroups 1 and 2, consumers (224 registers, 232 at D = 256): 64 query rows each.
+//   warpgroups 1 and up, consumers (224 registers, 232 at D = 256, 160 for three at D = 64):
+//     64 query rows each.
 //     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
 //     domain in registers, P converted in registers to the A operand of O += P V (wgmma, V read
 //     from shared memory MN-major through the transpose bit). Tile i's QK^T is issued together
 //     with tile i-1's PV, so the softmax of tile i overlaps the PV of tile i-1 (intra-warpgroup
-//     overlap); for D <= 128 the two consumers also take turns issuing (named barriers), so one's
-//     softmax overlaps the other's matrix work (ping-pong). Each warp stores its 16 output rows
+//     overlap); for D <= 128 the consumers also take turns issuing (named barriers), so one's
+//     softmax overlaps the others' matrix work (ping-pong). Each warp stores its 16 output rows
 //     through shared memory, by TMA where they are all real rows and the launch has an output map.
 // Short-region blocks (the decodes of a mixed batch) run the decode kernel's body
 // (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
@@ -71,6 +74,9 @@
 #endif
 #ifndef XGO_SM90_PERSISTENT
 #define XGO_SM90_PERSISTENT 1  // 0: one block per item (the launch's grid holds every item)
+#endif
+#ifndef XGO_SM90_D64_CONSUMERS
+#define XGO_SM90_D64_CONSUMERS 3  // consumer warpgroups at D = 64 (192-row items with 3)
 #endif
 #ifndef XGO_SM90_LOAD_ONCE
 #define XGO_SM90_LOAD_ONCE 0  // 1: each stage filled once, then reused (compute-only bound; wrong output)
@@ -129,7 +135,11 @@ __device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
 
 template <int kD>
 struct Sm90PrefillConfig {
-  static constexpr int kConsumers = 2;  // consumer warpgroups, 64 query rows each
+  // Consumer warpgroups, 64 query rows each. D = 64 takes three (192-row items): a score's two
+  // products cost half of D = 128's there, so the softmax weighs twice as much per tile step and
+  // a third warpgroup has its softmax in flight while the others' products run
+  // (FlashAttention-3's and FlashInfer's D = 64 tile).
+  static constexpr int kConsumers = kD == 64 ? XGO_SM90_D64_CONSUMERS : 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockRows = 64 * kConsumers;
   // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
@@ -163,17 +173,19 @@ struct Sm90PrefillConfig {
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
   static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
-  // __launch_bounds__(384, 1)); the producer gives back what the consumers take, so
-  // producer + 2 x consumer <= 3 x 168. D = 256 needs 229 in the consumers (O is 128 of them).
-  static constexpr int kProducerRegs = kD > 128 ? 40 : 56;
-  static constexpr int kConsumerRegs = kD > 128 ? 232 : 224;
+  // __launch_bounds__(384, 1)), 128 with three consumers (512 threads); the producer gives back
+  // what the consumers take, so producer + consumers x consumer <= warpgroups x entry. D = 256
+  // needs 229 in the consumers (O is 128 of them); three D = 64 consumers hold S (64), P (32)
+  // and O (32) in 160.
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : kD > 128 ? 40 : 56;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : kD > 128 ? 232 : 224;
   // Short-region blocks: warpgroup 0 alone runs the decode body, the others give their
   // registers back and exit.
   static constexpr int kShortIdleRegs = 24;
   static constexpr int kShortRegs = 240;
   // Registers per thread the block must start with for both splits: the launcher checks the
   // compiled count (a smaller pool would leave setmaxnreg.inc waiting forever).
-  static constexpr int kEntryRegs = 168;
+  static constexpr int kEntryRegs = kConsumers == 3 ? 128 : 168;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (kConsumers + 1) * kEntryRegs &&
                     kShortRegs + kConsumers * kShortIdleRegs <= (kConsumers + 1) * kEntryRegs,
                 "register pool");
@@ -191,6 +203,8 @@ struct Sm90PrefillConfig {
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockRows % kRowsPerPass == 0, "copy passes");
   static_assert(kBlockN <= 128, "one producer thread per key computes the key's cache offset");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+  static_assert(kConsumers == 2 || kConsumers == 3, "named barriers: one issue turn per consumer");
+  static_assert(kThreads * kEntryRegs <= 65536, "one block per SM");
 };
 
 // Barrier addresses in the barrier array: Q full / empty per Q buffer, then K and V full / empty
@@ -244,8 +258,8 @@ struct Sm90RowTensorMaps {
 };
 
 // Named barrier ids (0 is __syncthreads): the consumers' issue turns, and the producer warpgroup.
-constexpr int kSm90TurnBarrier = 1;  // + consumer index
-constexpr int kSm90ProducerBarrier = 3;
+constexpr int kSm90TurnBarrier = 1;  // + consumer index (up to 3 consumers)
+constexpr int kSm90ProducerBarrier = 4;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [kD / 64][kRows][64] tile of 16-bit
 // elements with the 128-byte swizzle: each 64-element column block is rows of 128 bytes, and
@@ -789,10 +803,10 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
 }
 
 // ---------------------------------------------------------------- consumer warpgroups
-// Consumer `cw` (0 or 1) owns block rows [64 cw, 64 cw + 64). Thread (warp, lane) holds rows
-// 64 cw + 16 warp + lane / 4 + 8 h (h = 0, 1) of S and O (see Wgmma). Only what the loop needs
-// stays in registers beside S, O and P (160 of the 232): the tile's metadata lives in shared
-// memory (Sm90PrefillBlock) and is read again in the epilogue.
+// Consumer `cw` (0 .. kConsumers - 1) owns block rows [64 cw, 64 cw + 64). Thread (warp, lane)
+// holds rows 64 cw + 16 warp + lane / 4 + 8 h (h = 0, 1) of S and O (see Wgmma). Only what the
+// loop needs stays in registers beside S, O and P (160 of the 232 at D = 128): the tile's
+// metadata lives in shared memory (Sm90PrefillBlock) and is read again in the epilogue.
 template <typename T, int kD>
 struct Sm90Consumer {
   using Cfg = Sm90PrefillConfig<kD>;
@@ -925,8 +939,9 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     // k16 step kk (16 keys) at + 2048 bytes.
     const uint32_t smem_base = SharedAddress(smem);
     const uint64_t q_desc = Sm90Descriptor(
-        smem_base + static_cast<uint32_t>(q_buffer - smem) + UniformMod<2>(cw) * 64 * 128, 16,
-        1024);
+        smem_base + static_cast<uint32_t>(q_buffer - smem) +
+            UniformMod<Cfg::kConsumers>(cw) * 64 * 128,
+        16, 1024);
     const uint64_t k_desc = Sm90Descriptor(smem_base + Cfg::kKOffset, 16, 1024);
     const uint64_t v_desc = Sm90Descriptor(smem_base + Cfg::kVOffset, kN * 128, 1024);
     auto qk_offset = [](int ks, int rows) -> uint64_t {
@@ -936,8 +951,10 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
 
     float s[C::kS];
     uint32_t pa[C::kKeySteps][4];
+    // Issue turns go round the consumers: each waits for its own, issues, then passes the next
+    // consumer its turn (each named barrier: the 128 threads passing it and the 128 waiting).
     const int my_turn = kSm90TurnBarrier + cw;
-    const int other_turn = kSm90TurnBarrier + (1 - cw);
+    const int next_turn = kSm90TurnBarrier + (cw + 1 == Cfg::kConsumers ? 0 : cw + 1);
     if (Cfg::kPingPong && cw == 0) NamedBarrierArrive(my_turn, 256);  // consumer 0 issues first
 
     // Step 0: S_0 alone.
@@ -993,7 +1010,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
         Wgmma<T, kD>::RS(o, pa[kk], v_desc + prev_stage * kTileStep + kk * (2048 >> 4), 1);
       }
       WgmmaCommit();
-      if (Cfg::kPingPong) NamedBarrierArrive(other_turn, 256);
+      if (Cfg::kPingPong) NamedBarrierArrive(next_turn, 256);
       WgmmaWait<1>();  // S_i is done (groups complete in order); P V may still run
       FenceRegisters(s);
       MbarArrive(bars.KEmpty(stage));
@@ -1023,8 +1040,8 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     FenceRegisters(o);
     MbarArrive(bars.VEmpty(last_stage));
     if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90Loop);
-    // Consumer 0 received one turn more than it took (its own first one): take it, so every
-    // named-barrier arrival is matched before the block exits.
+    // Consumer 0 received one turn more than it took (its own first one, passed round by the
+    // last consumer): take it, so every named-barrier arrival is matched before the block exits.
     if (Cfg::kPingPong && cw == 0) NamedBarrierSync(my_turn, 256);
   }
 
@@ -1096,7 +1113,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     }
   }
   if (XGO_PHASE_TIMES && tw == 0) {
-    StampSm90(cw == 0 ? kSm90End : kSm90OtherEnd);
+    if (cw <= 1) StampSm90(cw == 0 ? kSm90End : kSm90OtherEnd);
     if (cw == 0) StampSm90(kSm90EndNs);
     if (cw == 0) StampSm90Value(kSm90Tiles, static_cast<unsigned long long>(num_tiles));
   }
@@ -1178,7 +1195,8 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
 #endif  // XGO_SM90A_DEVICE
 
 // Prefill tiles (and, for D <= 128 with a short region, the short sequences as 16-row decode
-// blocks). Grid and block order as PagedAttentionPrefillKernel; 384 threads, one block per SM.
+// blocks). Grid and block order as PagedAttentionPrefillKernel; Cfg::kThreads threads, one block
+// per SM.
 template <typename T, int kD>
 __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
     PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,

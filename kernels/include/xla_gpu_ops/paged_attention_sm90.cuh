@@ -4,21 +4,20 @@
 // (paged_attention_prefill.cuh); design, layouts and the barrier protocol: docs/prefill-sm90.md.
 //
 // One block = a producer and 2 consumer warpgroups (384 threads; 3 consumers, 512 threads, at
-// D = 64) working through items of 64 query rows per consumer (tokens x the
-// q heads of one kv head): one item per block, or, in a persistent launch (one block per SM), the
-// block's first item and then whichever item is next (NextPrefillItem). The producer runs ahead
-// into the next item (its lookup, Q into the other Q buffer, its first K/V tiles) while the
-// consumers finish the current one.
+// D = 64) working through items of 64 query rows per consumer (tokens x the q heads of one kv
+// head): one item per block, or, in a persistent launch (one block per SM), the block's first
+// item and then whichever item is next (NextPrefillItem). The producer runs ahead into the next
+// item (its lookup, Q into the other Q buffer, its first K/V tiles) while the consumers finish
+// the current one.
 //   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256, 32 beside three
-//     consumers): thread 0 looks the
-//     items up and publishes them in shared memory (Sm90Item); Q by TMA from thread 0
-//     (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch has no Q map); K and V
-//     tiles of kBlockN keys into shared memory with the 128-byte swizzle wgmma descriptors read,
-//     signalled through mbarriers: whole pages by TMA (one box per page and 64-column block,
-//     Sm90KvTensorMap) where the page size allows, otherwise, and for the tiles that reach past
-//     the block's last key, gathered key by key through the page table with 16-byte cp.async
-//     (cp.async.mbarrier.arrive.noinc); keys past the block's end and pages outside
-//     [0, num_pages) are zero-filled, never read.
+//     consumers): thread 0 looks the items up and publishes them in shared memory (Sm90Item);
+//     Q by TMA from thread 0 (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch
+//     has no Q map); K and V tiles of kBlockN keys into shared memory with the 128-byte
+//     swizzle wgmma descriptors read, signalled through mbarriers: whole pages by TMA (one box
+//     per page and 64-column block, Sm90KvTensorMap) where the page size allows, otherwise, and
+//     for the tiles that reach past the block's last key, gathered key by key through the page
+//     table with 16-byte cp.async (cp.async.mbarrier.arrive.noinc); keys past the block's end
+//     and pages outside [0, num_pages) are zero-filled, never read.
 //   warpgroups 1 and up, consumers (224 registers, 232 at D = 256, 160 for three at D = 64):
 //     64 query rows each.
 //     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
@@ -82,7 +81,8 @@
 #define XGO_SM90_D64_CONSUMERS 3  // consumer warpgroups at D = 64 (192-row items with 3)
 #endif
 #ifndef XGO_SM90_LOAD_ONCE
-#define XGO_SM90_LOAD_ONCE 0  // 1: each stage filled once, then reused (compute-only bound; wrong output)
+// 1: each stage filled once, then reused (the compute-only bound; wrong output)
+#define XGO_SM90_LOAD_ONCE 0
 #endif
 
 namespace xgo {
@@ -811,7 +811,7 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
 // ---------------------------------------------------------------- consumer warpgroups
 // Consumer `cw` (0 .. kConsumers - 1) owns block rows [64 cw, 64 cw + 64). Thread (warp, lane)
 // holds rows 64 cw + 16 warp + lane / 4 + 8 h (h = 0, 1) of S and O (see Wgmma). Only what the
-// loop needs stays in registers beside S, O and P (160 of the 232 at D = 128): the tile's
+// loop needs stays in registers beside S, O and P (160 of the 224 at D = 128): the tile's
 // metadata lives in shared memory (Sm90PrefillBlock) and is read again in the epilogue.
 template <typename T, int kD>
 struct Sm90Consumer {

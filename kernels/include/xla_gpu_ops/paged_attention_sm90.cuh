@@ -59,8 +59,11 @@
 #ifndef XGO_SM90_V_STAGES
 #define XGO_SM90_V_STAGES XGO_SM90_STAGES  // V stages at D = 128 (D = 256: 2)
 #endif
+#ifndef XGO_SM90_EARLY_ITEM
+#define XGO_SM90_EARLY_ITEM 1  // one Q buffer: next item's lookup and first K before its Q wait
+#endif
 #ifndef XGO_SM90_D64_STAGES
-#define XGO_SM90_D64_STAGES 3  // K and V stages each at D = 64
+#define XGO_SM90_D64_STAGES 4  // K and V stages each at D = 64
 #endif
 #ifndef XGO_SM90_PINGPONG
 #define XGO_SM90_PINGPONG 1  // consumers take turns issuing wgmma (D <= 128)
@@ -147,8 +150,9 @@ struct Sm90PrefillConfig {
   static constexpr int kBlockRows = 64 * kConsumers;
   // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
   static constexpr int kBlockN = kD > 128 ? 64 : 128;
-  // D = 64: three K and three V stages (its tiles are half D = 128's, so they fit beside the
-  // 192-row Q buffers); with three consumers 2-3 % faster than two stages (perf log p13).
+  // D = 64: four K and four V stages (its tiles are half D = 128's, so they fit beside the
+  // 192-row Q buffers); with three consumers three stages were 2-3 % faster than two, four
+  // another 0-2.5 % (perf log p13, p14).
   static constexpr int kKStages = kD == 64 ? XGO_SM90_D64_STAGES : kD <= 128 ? XGO_SM90_STAGES : 2;
   static constexpr int kVStages =
       kD == 64 ? XGO_SM90_D64_STAGES : kD <= 128 ? XGO_SM90_V_STAGES : 2;
@@ -169,6 +173,9 @@ struct Sm90PrefillConfig {
   // item's Q while the consumers still read the current one (or stage their output in it).
   static constexpr int kQStages =
       2 * kQBytes + kKvBytes + kTableAndBarrierBytes <= 227 * 1024 ? 2 : 1;
+  // One Q buffer (D = 256): the producer looks the next item up and issues its first K tile while
+  // the consumers still work on the current one, and waits for the buffer only to issue Q.
+  static constexpr bool kQAfterFirstK = XGO_SM90_EARLY_ITEM && kQStages == 1;
   static constexpr int kQOffset = 0;  // buffer b at kQOffset + b * kQBytes
   static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kKStages * kTileBytes;
@@ -656,12 +663,12 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
 // and a thread writing table i + 2 has passed the barrier of step i + 1, which every thread reaches
 // only after its copies of step i (K_i, V_{i-1}); the barriers between items (Sm90ProducerBlock)
 // keep that order across them.
-template <typename T, int kD>
+template <typename T, int kD, typename IssueQ>
 __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
                                                  const Sm90KvTensorMap& kv_map, const TileWork& w,
                                                  const KeyRange& range, unsigned char* smem,
                                                  const Sm90Barriers<kD>& bars, int tiles_done,
-                                                 int num_tiles) {
+                                                 int num_tiles, IssueQ&& issue_q) {
   using Cfg = Sm90PrefillConfig<kD>;
   constexpr int kN = Cfg::kBlockN;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
@@ -742,6 +749,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
     if (XGO_PHASE_TIMES && step == 0 && t == 0) StampSm90(kSm90ProducerFirstK);
+    if (Cfg::kQAfterFirstK && step == 0) issue_q();
     if (step > 0) issue_v(tile - 1);
     prev_slot = slot;
     prev_tma = tile_tma;
@@ -774,12 +782,15 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
 #pragma unroll 1
   for (int n = 0;; ++n) {
     const int qb = n % Cfg::kQStages;
-    Sm90Item& item = items[qb];
-    // Every thread is done with the item this slot held (one Q buffer: the previous one) before
-    // thread 0 writes it again.
+    // The Q buffer's release by the consumers (of item n - kQStages); the first use does not
+    // wait. Every item waits for it once, in order, so no wait runs a phase ahead.
+    const uint32_t q_empty_parity = ((n / Cfg::kQStages) & 1) ^ 1;
+    Sm90Item& item = items[n % 2];
+    // Every thread is done with the item this slot held (item n - 2) before thread 0 writes it
+    // again; the consumers are too: they released its Q buffer before Q of item n - 1 was issued.
     NamedBarrierSync(kSm90ProducerBarrier, 128);
     if (t == 0) {
-      MbarWait(bars.QEmpty(qb), ((n / Cfg::kQStages) & 1) ^ 1);  // the first use does not wait
+      if (!Cfg::kQAfterFirstK) MbarWait(bars.QEmpty(qb), q_empty_parity);
       bool found = false;
       for (;;) {
         if (g.persistent) index = NextPrefillItem(p, g);
@@ -795,14 +806,23 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
       if (XGO_PHASE_TIMES && n == 0) StampSm90(kSm90Found);
     }
     NamedBarrierSync(kSm90ProducerBarrier, 128);
-    if (!WarpUniform(item.more)) {
-      MbarArrive(bars.QFull(qb));  // the consumers read more == false and leave
-      break;
-    }
-    const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
-    Sm90ProducerQ<T, kD>(p, row_maps, item.w, num_tiles > 0,
-                         smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars.QFull(qb));
-    Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles);
+    const bool more = WarpUniform(item.more);
+    const int num_tiles = more ? WarpUniform(item.range.tile_end - item.range.tile_begin) : 0;
+    // Q, or the end: after the buffer's release where the lookup did not wait for it (every
+    // thread waits: every thread may copy into it).
+    auto issue_q = [&]() {
+      if (Cfg::kQAfterFirstK) MbarWait(bars.QEmpty(qb), q_empty_parity);
+      if (!more) {
+        MbarArrive(bars.QFull(qb));  // the consumers read more == false and leave
+      } else {
+        Sm90ProducerQ<T, kD>(p, row_maps, item.w, num_tiles > 0,
+                             smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars.QFull(qb));
+      }
+    };
+    if (!Cfg::kQAfterFirstK || num_tiles <= 0) issue_q();
+    if (!more) break;
+    Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles,
+                            issue_q);
     tiles_done += num_tiles;
   }
   CpAsyncWaitAll();  // no copy outlives its thread
@@ -1141,7 +1161,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
   for (int n = 0;; ++n) {
     const int qb = n % Cfg::kQStages;
     MbarWait(bars.QFull(qb), (n / Cfg::kQStages) & 1);
-    const Sm90Item& item = items[qb];
+    const Sm90Item& item = items[n % 2];
     if (!WarpUniform(item.more)) break;
     if (WarpUniform(item.w.seq_ok)) {
       const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
@@ -1171,7 +1191,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
   const Sm90Barriers<kD> bars{SharedAddress(smem) + Cfg::kBarrierOffset};
   // The items' metadata lives in shared memory: both roles read it from there, so it holds no
   // registers through the main loops (the consumers' epilogue reads it again).
-  __shared__ Sm90Item s_items[Cfg::kQStages];
+  __shared__ Sm90Item s_items[2];
   if (threadIdx.x == 0) {
     for (int b = 0; b < Cfg::kQStages; ++b) {
       MbarInit(bars.QFull(b), 128);                    // every producer thread arrives

@@ -3,12 +3,18 @@
 `write_run` writes a run's results.json, env.json, table.md and plot.png. Filing, from the
 repository root:
 
-    python -m benchmarks.record RUN_DIR
+    python -m benchmarks.record RUN_DIR [--fill-skipped RUN_DIR2]
 
 copies a GPU run's files (results.json, env.json, table.md, plot.png, run.log, workers.log) into
 benchmarks/results/<date>-<device>-<commit>/ with a generated README.md, removes the previous
 record folders (git history keeps them; RESULTS.md says at which commit they were last in the
 tree) and puts the new record at the top of benchmarks/results/RESULTS.md.
+
+--fill-skipped RUN_DIR2: the cases RUN_DIR skipped at its time limit come from RUN_DIR2, a run of
+the same commit and library on the same device (`benchmarks.run --cases ...`): each such case
+says so in results.json ("filled_from"), the verdicts, table and plot are made again from the
+joined cases, the README lists them, and RUN_DIR2's logs travel as fill-run.log and
+fill-workers.log.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from benchmarks.environment import ROOT, device_slug
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_MD = "RESULTS.md"
 RECORD_FILES = ("results.json", "env.json", "table.md", "plot.png", "run.log", "workers.log")
+FILL_LOGS = {"run.log": "fill-run.log", "workers.log": "fill-workers.log"}
+TIME_SKIPS = ("time limit", "not reached")  # how workers.py words a case skipped for lack of time
 TABLE_HEAD = "| record | device | commit | summary | where |"
 
 
@@ -54,6 +62,34 @@ def summary_line(results: dict) -> str:
     return f"{results['env'].get('mode')} run, {cases} cases; verdicts {met} met, {missed} missed"
 
 
+def fill_skipped(results: dict, other: dict) -> list[str]:
+    """Cases `results` skipped at its time limit, taken from `other` where it reached them; the
+    verdicts follow the joined cases. Returns the names filled in."""
+    from benchmarks import report
+
+    env, other_env = results["env"], other["env"]
+    for what, get in (("commit", lambda e: e.get("git_commit")),
+                      ("device", lambda e: (e.get("gpu") or {}).get("name")),
+                      ("library", lambda e: (e.get("library") or {}).get("sha256"))):  # fmt: skip
+        if get(env) != get(other_env):
+            raise SystemExit(f"--fill-skipped: the runs differ in {what}: "
+                             f"{get(env)!r} and {get(other_env)!r}")  # fmt: skip
+    # Measured there, or skipped there for a reason other than time (e.g. the memory budget).
+    measured = {c["name"]: c for c in other["cases"]
+                if not str(c.get("skipped", "")).startswith(TIME_SKIPS)}  # fmt: skip
+    source = {"date_utc": other_env.get("date_utc"),
+              "read_gbps": (other.get("ceilings") or {}).get("read_gbps")}  # fmt: skip
+    filled = []
+    for i, case in enumerate(results["cases"]):
+        if str(case.get("skipped", "")).startswith(TIME_SKIPS) and case["name"] in measured:
+            results["cases"][i] = {**measured[case["name"]], "filled_from": source}
+            filled.append(case["name"])
+    if filled:
+        results["filled"] = {**source, "cases": filled}
+        results["verdicts"] = report.verdicts(results)
+    return filled
+
+
 def readme(results: dict) -> str:
     from benchmarks import report
 
@@ -74,6 +110,7 @@ def readme(results: dict) -> str:
         f"- {summary_line(results)}. Files: `table.md` (every measurement and verdict), "
         "`results.json`, `plot.png`, `env.json`, `run.log`.",
         "- FlashInfer plans on the host (`plan()`, untimed: its design); ours has no host plan.",
+        *_filled_lines(results),
         "",
         "## Summary",
         "",
@@ -81,6 +118,16 @@ def readme(results: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _filled_lines(results: dict) -> list[str]:
+    filled = results.get("filled")
+    if not filled:
+        return []
+    return [f"- {len(filled['cases'])} cases this run skipped at its time limit are a second run's "
+            f"(same commit, library and device; {filled['date_utc']}, read "
+            f"{filled['read_gbps']:.0f} GB/s; measured there or skipped there for another reason; "
+            f"its logs: `fill-run.log`, `fill-workers.log`): " + ", ".join(filled["cases"]) + "."]  # fmt: skip
 
 
 def _head_commit() -> str:
@@ -128,11 +175,19 @@ def retire(rows: list[str], name: str, last_commit: str) -> list[str]:
     return out
 
 
-def file_record(run_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
+def file_record(
+    run_dir: Path, results_dir: Path = RESULTS_DIR, fill_dir: Path | None = None
+) -> Path:
     """Copy a GPU run into results_dir/<record>/ and make it the only record in the tree."""
     results = json.loads((run_dir / "results.json").read_text())
     if not (results.get("env") or {}).get("gpu"):
         raise SystemExit(f"{run_dir}: a CPU smoke run is not a record")
+    filled = []
+    if fill_dir is not None:
+        filled = fill_skipped(results, json.loads((fill_dir / "results.json").read_text()))
+        if not filled:
+            raise SystemExit(f"--fill-skipped: {fill_dir} measured none of the cases {run_dir} "
+                             "skipped at its time limit")  # fmt: skip
     name = record_name(results)
     dest = results_dir / name
     md_path = results_dir / RESULTS_MD
@@ -146,6 +201,11 @@ def file_record(run_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
     for file in RECORD_FILES:
         if (run_dir / file).is_file():
             shutil.copy2(run_dir / file, dest / file)
+    if filled:
+        write_run(results, dest)  # results.json, env.json, table.md, plot.png of the joined cases
+        for file, copy in FILL_LOGS.items():
+            if (fill_dir / file).is_file():
+                shutil.copy2(fill_dir / file, dest / copy)
     (dest / "README.md").write_text(readme(results))
     env = results["env"]
     rows = [r for r in rows if not r.startswith(f"| {name} |")]
@@ -158,8 +218,10 @@ def file_record(run_dir: Path, results_dir: Path = RESULTS_DIR) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="the output folder of a GPU run")
+    parser.add_argument("--fill-skipped", type=Path, default=None, metavar="RUN_DIR2",
+                        help="a run of the same commit with the cases RUN_DIR skipped at its time limit")  # fmt: skip
     args = parser.parse_args(argv)
-    dest = file_record(args.run_dir)
+    dest = file_record(args.run_dir, fill_dir=args.fill_skipped)
     print(f"record written to {dest}; RESULTS.md updated")
     return 0
 

@@ -544,6 +544,54 @@ def test_record_filing_keeps_one_record_and_lists_the_rest(tmp_path, monkeypatch
     assert "MISSED" in (dest / "README.md").read_text()  # its verdict summary
 
 
+def test_record_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_path, monkeypatch):
+    """Only time-limit skips are filled, only from a run of the same commit, device and library;
+    the verdicts are made again from the joined cases."""
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    first, second = _gpu_results(), _gpu_results()
+    for results in (first, second):
+        results["env"].update(git_commit="0123456789abcdef", library={"sha256": "f8fc"}, mode="full",
+                          torch="2.11", jax="0.11.2")  # fmt: skip
+        results["ceilings"].update(copy_gbps=4000.0, matmul_tflops=700.0, matmul_dtype="bfloat16",
+                               read_method="r", copy_method="c", matmul_method="m")  # fmt: skip
+        for case in results["cases"]:
+            for entry in case["impls"].values():
+                entry["method"] = "graph replay"
+    prefill = first["cases"][1]
+    first["cases"][1] = {**{k: prefill[k] for k in ("name", "kind", "params")}, "impls": {},
+                         "skipped": "time limit of 410 s reached"}  # fmt: skip
+    first["cases"][2]["skipped"] = "KV cache 137.4 GB exceeds the memory budget"
+    first["verdicts"] = report.verdicts(first)
+    assert _verdict(first, "prefill", "-").startswith("skipped: time limit")
+    second["env"]["date_utc"] = "2026-11-23T01:00:00Z"
+    second["cases"][0]["skipped"] = "time limit of 100 s reached"
+    dirs = {}
+    for name, results in (("run", first), ("fill", second)):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        (dirs[name] / "results.json").write_text(json.dumps(results))
+    (dirs["fill"] / "run.log").write_text("the second run's log")
+    monkeypatch.setattr(record, "_head_commit", lambda: "fedcba9")
+    monkeypatch.setattr(report, "plot", lambda results, path: path.write_bytes(b"png"))
+    dest = record.file_record(dirs["run"], results_dir, fill_dir=dirs["fill"])
+    joined = json.loads((dest / "results.json").read_text())
+    assert [c.get("filled_from", {}).get("date_utc") for c in joined["cases"]] == [
+        None, "2026-11-23T01:00:00Z", None]  # fmt: skip
+    assert joined["cases"][2]["skipped"].startswith("KV cache")  # not a time-limit skip: kept
+    assert _verdict(joined, "prefill", "FlashInfer").startswith("met (900.0 ≤ 1000.0")
+    assert "are a second run's (same commit, library and device" in (dest / "README.md").read_text()
+    assert prefill["name"] in (dest / "README.md").read_text()
+    assert (dest / "fill-run.log").read_text() == "the second run's log"
+    rows = record._table_rows((results_dir / "RESULTS.md").read_text())
+    assert rows[0].startswith(f"| {dest.name} |")
+    assert "prefill_B1_len8k" in (dest / "table.md").read_text()
+    second["env"]["library"] = {"sha256": "other"}
+    (dirs["fill"] / "results.json").write_text(json.dumps(second))
+    with pytest.raises(SystemExit, match="differ in library"):
+        record.file_record(dirs["run"], results_dir, fill_dir=dirs["fill"])
+
+
 def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
     """Each round runs the command under every build in turn; times come from case-named lines."""
     from benchmarks import library_ab

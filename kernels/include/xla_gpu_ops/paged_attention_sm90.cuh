@@ -7,8 +7,8 @@
 // D = 64) working through items of 64 query rows per consumer (tokens x the q heads of one kv
 // head): one item per block, or, in a persistent launch (one block per SM), the block's first
 // item and then whichever item is next (NextPrefillItem). The producer runs ahead into the next
-// item (its lookup, Q into the other Q buffer, its first K/V tiles) while the consumers finish
-// the current one.
+// item (its lookup, Q into the other Q buffer, its first K/V tiles; with one Q buffer, at
+// D = 256, the lookup and first K tile) while the consumers finish the current one.
 //   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256, 32 beside three
 //     consumers): thread 0 looks the items up and publishes them in shared memory (Sm90Item);
 //     Q by TMA from thread 0 (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch
@@ -761,9 +761,10 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
 // Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (in a persistent
 // launch every item comes from NextPrefillItem, claimed only when it is looked up, so no block
 // holds an item it has not started while another has none; otherwise the block's own index)
-// once the consumers have released the item's Q buffer, and publishes it in `items` (the Q
-// buffer's slot); the warpgroup then loads its Q, K and V while the consumers still work on the
-// one before, ahead by up to kQStages items and by the stages. An item without a tile (the
+// and publishes it in `items` (slot n % 2): with two Q buffers once the consumers have released
+// the item's buffer, with one (kQAfterFirstK) at once, Q then following the item's first K tile
+// and the buffer's release. The warpgroup loads its Q, K and V while the consumers still work on
+// the one before, ahead by up to kQStages items and by the stages. An item without a tile (the
 // lookup's end) is published with more == false.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
@@ -1146,9 +1147,9 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
 }
 
 // Consumer `cw`: the items the producer publishes, in order, until one says there are no more.
-// After each, every thread releases the item's Q buffer (and its slot in `items`) to the
-// producer; its output staging there (generic writes, or reads of the thread copy) is ordered
-// before the next TMA load into the buffer by the proxy fence.
+// After each, every thread releases the item's Q buffer (and so, in order, its slot in `items`)
+// to the producer; its output staging there (generic writes, or reads of the thread copy) is
+// ordered before the next TMA load into the buffer by the proxy fence.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
                                                   const Sm90RowTensorMaps& row_maps,

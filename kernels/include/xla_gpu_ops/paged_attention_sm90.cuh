@@ -239,8 +239,8 @@ struct Sm90Barriers {
   }
 };
 
-// One work item as the producer publishes it to the consumers (in shared memory, one per Q
-// buffer, complete when the buffer's Q full barrier is): more == false ends the block.
+// One work item as the producer publishes it to the consumers (in shared memory, item n in slot
+// n % 2, complete when its Q buffer's Q full barrier is): more == false ends the block.
 struct Sm90Item {
   TileWork w;
   KeyRange range;  // empty for a poisoned sequence (its rows get NaN) and for an empty KV split

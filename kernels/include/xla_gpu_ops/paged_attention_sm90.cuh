@@ -100,7 +100,7 @@ enum Sm90Phase {
   kSm90Sm,              // %smid
   kSm90Found,           // thread 0: tile looked up (FindPrefillTile)
   kSm90Split,           // thread 0: barriers initialised, roles split
-  kSm90ProducerFirstK,  // producer thread 0: Q and the first K tile issued
+  kSm90ProducerFirstK,  // producer thread 0: the first K tile issued (and Q, but one Q buffer)
   kSm90FirstTile,       // consumer 0, thread 0: Q and the first K tile landed
   kSm90FirstStep,       // consumer 0: the first tile's S and softmax done
   kSm90Loop,            // consumer 0: the last tile's P V done
@@ -109,7 +109,7 @@ enum Sm90Phase {
   kSm90Tiles,           // K/V tiles of the block
   kSm90EndNs,           // consumer 0: %globaltimer after the epilogue
   kSm90ProducerEnd,     // producer thread 0: every copy issued
-  kSm90ProducerQ,       // producer thread 0: Q's copies issued
+  kSm90ProducerQ,       // producer thread 0: Q's copies issued (one Q buffer: not yet)
   kSm90PhaseSlots = 16
 };
 #if XGO_PHASE_TIMES
@@ -788,7 +788,8 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
     const uint32_t q_empty_parity = ((n / Cfg::kQStages) & 1) ^ 1;
     Sm90Item& item = items[n % 2];
     // Every thread is done with the item this slot held (item n - 2) before thread 0 writes it
-    // again; the consumers are too: they released its Q buffer before Q of item n - 1 was issued.
+    // again; the consumers are too: they released item n - 2's Q buffer, which thread 0 waits
+    // for below (two buffers) or Q of item n - 1 waited for (one).
     NamedBarrierSync(kSm90ProducerBarrier, 128);
     if (t == 0) {
       if (!Cfg::kQAfterFirstK) MbarWait(bars.QEmpty(qb), q_empty_parity);

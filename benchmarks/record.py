@@ -31,8 +31,9 @@ from benchmarks.environment import ROOT, device_slug
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_MD = "RESULTS.md"
-RECORD_FILES = ("results.json", "env.json", "table.md", "plot.png", "run.log", "workers.log")
-FILL_LOGS = {"run.log": "fill-run.log", "workers.log": "fill-workers.log"}
+RUN_FILES = ("results.json", "env.json", "table.md", "plot.png")  # what write_run writes
+LOG_FILES = ("run.log", "workers.log")
+RECORD_FILES = RUN_FILES + LOG_FILES
 TIME_SKIPS = ("time limit", "not reached")  # how workers.py words a case skipped for lack of time
 TABLE_HEAD = "| record | device | commit | summary | where |"
 
@@ -198,14 +199,14 @@ def file_record(
         shutil.rmtree(old) if old.is_dir() else old.unlink()
         print(f"removed {old.relative_to(ROOT) if old.is_relative_to(ROOT) else old}")
     dest.mkdir(parents=True, exist_ok=True)
-    for file in RECORD_FILES:
-        if (run_dir / file).is_file():
-            shutil.copy2(run_dir / file, dest / file)
     if filled:
-        write_run(results, dest)  # results.json, env.json, table.md, plot.png of the joined cases
-        for file, copy in FILL_LOGS.items():
-            if (fill_dir / file).is_file():
-                shutil.copy2(fill_dir / file, dest / copy)
+        write_run(results, dest)  # the run's files made from the joined cases
+    copies = [(run_dir, file, file) for file in (LOG_FILES if filled else RECORD_FILES)]
+    if filled:
+        copies += [(fill_dir, file, f"fill-{file}") for file in LOG_FILES]
+    for source, file, target in copies:
+        if (source / file).is_file():
+            shutil.copy2(source / file, dest / target)
     (dest / "README.md").write_text(readme(results))
     env = results["env"]
     rows = [r for r in rows if not r.startswith(f"| {name} |")]

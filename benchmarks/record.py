@@ -28,13 +28,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.environment import ROOT, device_slug
+from benchmarks.workers import skipped_for_time
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_MD = "RESULTS.md"
 RUN_FILES = ("results.json", "env.json", "table.md", "plot.png")  # what write_run writes
 LOG_FILES = ("run.log", "workers.log")
 RECORD_FILES = RUN_FILES + LOG_FILES
-TIME_SKIPS = ("time limit", "not reached")  # how workers.py words a case skipped for lack of time
 TABLE_HEAD = "| record | device | commit | summary | where |"
 
 
@@ -76,13 +76,12 @@ def fill_skipped(results: dict, other: dict) -> list[str]:
             raise SystemExit(f"--fill-skipped: the runs differ in {what}: "
                              f"{get(env)!r} and {get(other_env)!r}")  # fmt: skip
     # Measured there, or skipped there for a reason other than time (e.g. the memory budget).
-    measured = {c["name"]: c for c in other["cases"]
-                if not str(c.get("skipped", "")).startswith(TIME_SKIPS)}  # fmt: skip
+    measured = {c["name"]: c for c in other["cases"] if not skipped_for_time(c)}
     source = {"date_utc": other_env.get("date_utc"),
               "read_gbps": (other.get("ceilings") or {}).get("read_gbps")}  # fmt: skip
     filled = []
     for i, case in enumerate(results["cases"]):
-        if str(case.get("skipped", "")).startswith(TIME_SKIPS) and case["name"] in measured:
+        if skipped_for_time(case) and case["name"] in measured:
             results["cases"][i] = {**measured[case["name"]], "filled_from": source}
             filled.append(case["name"])
     if filled:
@@ -201,9 +200,10 @@ def file_record(
     dest.mkdir(parents=True, exist_ok=True)
     if filled:
         write_run(results, dest)  # the run's files made from the joined cases
-    copies = [(run_dir, file, file) for file in (LOG_FILES if filled else RECORD_FILES)]
-    if filled:
+        copies = [(run_dir, file, file) for file in LOG_FILES]
         copies += [(fill_dir, file, f"fill-{file}") for file in LOG_FILES]
+    else:
+        copies = [(run_dir, file, file) for file in RECORD_FILES]
     for source, file, target in copies:
         if (source / file).is_file():
             shutil.copy2(source / file, dest / target)

@@ -22,6 +22,14 @@ from benchmarks.environment import ROOT, prepare_process
 PLANTED_CRASH_ENV = "XGO_BENCH_PLANTED_CRASH"  # "case-substring:impl": a worker exits there (tests)
 MAX_WORKER_RESTARTS = 12
 WORKER_GRACE_S = 60.0
+# How a case skipped for lack of time begins its "skipped" reason (benchmarks.record fills such
+# cases from a second run).
+TIME_LIMIT_SKIP = "time limit"
+NOT_REACHED_SKIP = "not reached"
+
+
+def skipped_for_time(record: dict) -> bool:
+    return str(record.get("skipped", "")).startswith((TIME_LIMIT_SKIP, NOT_REACHED_SKIP))
 
 
 def select_cases(all_cases, patterns):
@@ -91,7 +99,7 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
         if deadline is not None and time.time() > deadline:
             record = {"name": case.name, "kind": case.kind, "params": case.params(),
                       "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                      "skipped": f"time limit of {config['time_limit_s']:.0f} s reached"}  # fmt: skip
+                      "skipped": f"{TIME_LIMIT_SKIP} of {config['time_limit_s']:.0f} s reached"}  # fmt: skip
         elif config.get("worker") and needs_fresh_process(case, env, skips.get(case.name),
                                                           skip_impls):  # fmt: skip
             print(f"fresh worker for {case.name}: torchax is loaded in this one", flush=True)
@@ -235,7 +243,7 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
     for case, record in zip(cases, records, strict=True):
         done.append(record or {"name": case.name, "kind": case.kind, "params": case.params(),
                                "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                               "skipped": "not reached (out of time or worker restarts)"})  # fmt: skip
+                               "skipped": f"{NOT_REACHED_SKIP} (out of time or worker restarts)"})  # fmt: skip
     return ceilings, done
 
 

@@ -62,6 +62,9 @@
 #ifndef XGO_SM90_EARLY_ITEM
 #define XGO_SM90_EARLY_ITEM 1  // one Q buffer: next item's lookup and first K before its Q wait
 #endif
+#ifndef XGO_SM90_TURN_EDGES
+#define XGO_SM90_TURN_EDGES 1  // two consumers: each item's first S and last P V take turns too
+#endif
 #ifndef XGO_SM90_D64_STAGES
 #define XGO_SM90_D64_STAGES 4  // K and V stages each at D = 64
 #endif
@@ -185,6 +188,10 @@ struct Sm90PrefillConfig {
   static constexpr int kNumBarriers = 2 * (kQStages + kKStages + kVStages);
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
   static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
+  // With two consumers (D = 128) an item's first S and last P V go through the issue turns too,
+  // so the consumers stay half a step apart across items: one's first softmax and epilogue
+  // overlap the other's products. Three consumers (D = 64) measured slower with it (perf log p18).
+  static constexpr bool kTurnEdges = kPingPong && kConsumers == 2 && XGO_SM90_TURN_EDGES;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
   // __launch_bounds__(384, 1)), 128 with three consumers (512 threads); the producer gives back
   // what the consumers take, so producer + consumers x consumer <= warpgroups x entry. D = 256
@@ -985,13 +992,14 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     const int next_turn = kSm90TurnBarrier + (cw + 1 == Cfg::kConsumers ? 0 : cw + 1);
     if (Cfg::kPingPong && cw == 0) NamedBarrierArrive(my_turn, 256);  // consumer 0 issues first
 
-    // Step 0: S_0 alone.
+    // Step 0: S_0 alone (inside the issue turns with kTurnEdges).
     const int k_base = UniformMod<Cfg::kKStages>(tiles_done);
     const int v_base = UniformMod<Cfg::kVStages>(tiles_done);
     const int stage0 = k_base;
     MbarWait(bars.KFull(stage0), (tiles_done / Cfg::kKStages) & 1);
     if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstTile);
     FenceProxyAsync();
+    if (Cfg::kTurnEdges) NamedBarrierSync(my_turn, 256);
     FenceRegisters(s);
     WgmmaFence();
 #pragma unroll
@@ -1000,6 +1008,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
                        k_desc + stage0 * kTileStep + qk_offset(ks, kN), ks > 0);
     }
     WgmmaCommit();
+    if (Cfg::kTurnEdges) NamedBarrierArrive(next_turn, 256);
     WgmmaWait<0>();
     FenceRegisters(s);
     MbarArrive(bars.KEmpty(stage0));
@@ -1051,11 +1060,12 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
       C::ToOperand(s, pa);
     }
 
-    // The last tile's P V.
+    // The last tile's P V (inside the issue turns with kTurnEdges).
     const int last = tiles_done + num_tiles - 1;
     const int last_stage = (v_base + num_tiles - 1) % Cfg::kVStages;
     MbarWait(bars.VFull(last_stage), (last / Cfg::kVStages) & 1);
     FenceProxyAsync();
+    if (Cfg::kTurnEdges) NamedBarrierSync(my_turn, 256);
     FenceRegisters(o);
     FenceRegisters(pa);
     WgmmaFence();
@@ -1064,6 +1074,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
       Wgmma<T, kD>::RS(o, pa[kk], v_desc + last_stage * kTileStep + kk * (2048 >> 4), 1);
     }
     WgmmaCommit();
+    if (Cfg::kTurnEdges) NamedBarrierArrive(next_turn, 256);
     WgmmaWait<0>();
     FenceRegisters(o);
     MbarArrive(bars.VEmpty(last_stage));

@@ -179,7 +179,7 @@ def bench(session: nox.Session) -> None:
     """Benchmarks against peers; on a CPU-only machine a smoke run of the harness."""
     install_lock(session, "default")
     install_package(session)
-    session.run("python", "-m", "benchmarks.run", *session.posargs)
+    session.run("python", "-m", "benchmarks", *session.posargs)
 
 
 @nox.session(python=PYTHON)

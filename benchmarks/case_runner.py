@@ -11,9 +11,14 @@ from __future__ import annotations
 import functools
 
 from benchmarks import ours
-from benchmarks.cases import ANCHOR, rel_l2
+from benchmarks import peers as P
+from benchmarks.cases import ANCHOR, OPERANDS, build_inputs, num_copies, rel_l2, scale_of
 from benchmarks.ceilings import free_memory
+from benchmarks.host_cost import measure_host_cost
 from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
+from benchmarks.report import PRIMARY_ORDER
+from benchmarks.runners import prepared
+from benchmarks.timing import error_text, time_jax_chain, time_torch
 
 # Ours is compared with these peers' outputs on every row where they ran (the first one present of
 # each group): FlashInfer, and SDPA (on contiguous K/V, else gathered per sequence).
@@ -23,8 +28,6 @@ CROSS_CHECK_GROUPS = (("flashinfer_decode", "flashinfer_prefill"),
 
 def _expected(case, first_copy, on_gpu: bool):
     """Higher-precision expected output of copy 0, when affordable; else None."""
-    from benchmarks.cases import OPERANDS, scale_of
-
     if case.kind == "simple_add":
         return (first_copy["a"].double() + first_copy["b"].double()).float().cpu()
     biggest_logits = max(q * ctx for q, ctx in case.seqs) * case.num_q_heads * 8
@@ -52,10 +55,6 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
     on_impl(impl): called before each implementation starts (the isolated runner's bookkeeping).
     skip_impls: implementations left out of this run (recorded as skipped).
     """
-    from benchmarks import peers as P
-    from benchmarks.cases import build_inputs, num_copies
-    from benchmarks.timing import _short, time_jax_chain, time_torch
-
     record = {
         "name": case.name,
         "kind": case.kind,
@@ -67,8 +66,6 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
         "impls": {},
     }
     if case.kind == "host_cost":
-        from benchmarks.host_cost import measure_host_cost
-
         record["impls"] = measure_host_cost(env, case, samples=samples, on_impl=on_impl,
                                             skips=skips, skip_impls=skip_impls)  # fmt: skip
         return record
@@ -94,7 +91,7 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
 
     # Entries appear in IMPLS order; torch.compile peers run first (before torchax is imported).
     specs = [spec for spec in P.IMPLS if case.kind in spec.kinds]
-    keep = set(P.PRIMARY_ORDER).union(*CROSS_CHECK_GROUPS)
+    keep = set(PRIMARY_ORDER).union(*CROSS_CHECK_GROUPS)
     outputs = {}  # canonical outputs of ours and of the cross-check peers
     for spec in specs:
         record["impls"][spec.name] = {"role": spec.role}
@@ -113,7 +110,7 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
                 continue
         if on_impl is not None:
             on_impl(spec.name)
-        runner = P.prepared(entry, functools.partial(spec.prepare, env, case, copies))
+        runner = prepared(entry, functools.partial(spec.prepare, env, case, copies))
         if runner is None:
             continue
         try:
@@ -154,7 +151,7 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
             ):
                 entry.update(per_call_measurements(runner, env, samples))
         except Exception as error:
-            entry.update(status="failed", reason=_short(error, 300))
+            entry.update(status="failed", reason=error_text(error, 300))
         finally:
             del runner
             free_memory(env.on_gpu)
@@ -179,8 +176,6 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
 
 def cross_check(record: dict, outputs: dict, tolerance: float) -> dict:
     """Our primary implementation's output against FlashInfer's and SDPA's (rel. L2 error)."""
-    from benchmarks.peers import PRIMARY_ORDER
-
     impls = record["impls"]
     ours_name = next((n for n in PRIMARY_ORDER if n in outputs and impls[n].get("status") == "ok"),
                      None)  # fmt: skip
@@ -229,8 +224,6 @@ def needs_fresh_process(case, env, skips: dict | None,
                         skip_impls: frozenset[str] = frozenset()) -> bool:  # fmt: skip
     """Whether `case` runs an implementation that needs a process without torchax, and this
     process has torchax loaded already."""
-    from benchmarks import peers as P
-
     if not P.torchax_loaded():
         return False
     return any(case.kind in spec.kinds and P.needs_clean_process(spec, env)

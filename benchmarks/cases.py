@@ -226,6 +226,19 @@ def smoke_cases() -> list[Case]:
     ]
 
 
+def select_cases(cases, patterns) -> list[Case]:
+    """Cases whose name contains a pattern, in the order of the patterns (each case once)."""
+    if not patterns:
+        return list(cases)
+    chosen = []
+    for pattern in patterns:
+        chosen += [c for c in cases if pattern in c.name and c not in chosen]
+    if not chosen:
+        names = ", ".join(c.name for c in cases)
+        raise SystemExit(f"--cases {patterns}: no case matches; cases are: {names}")
+    return chosen
+
+
 # ------------------------------------------------------------------------- inputs
 def num_copies(case: Case, l2_bytes: int, cap: int) -> int:
     """Input copies to rotate over so the working set is at least 2.5x the L2 cache."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import gc
 
+from benchmarks.timing import release_cached_memory, time_torch
+
 
 def measure_ceilings(on_gpu: bool, samples: int) -> dict:
     """Read bandwidth (a large sum), copy bandwidth (read + write) and the bf16 matmul rate."""
     import torch
-
-    from benchmarks.timing import time_torch
 
     device = "cuda" if on_gpu else "cpu"
     gen = torch.Generator(device=device).manual_seed(7)
@@ -71,6 +71,4 @@ def measure_ceilings(on_gpu: bool, samples: int) -> dict:
 def free_memory(on_gpu: bool) -> None:
     gc.collect()
     if on_gpu:
-        from benchmarks.timing import release_cached_memory
-
         release_cached_memory()

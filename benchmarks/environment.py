@@ -1,4 +1,4 @@
-"""Where a run happened: commit, library build, versions, GPU, driver (env.json)."""
+"""Where a run happened: commit, library build, versions, GPU, driver (a run's "env")."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def library_info() -> dict | None:
     return info
 
 
-def _version(module: str) -> str | None:
+def package_version(module: str) -> str | None:
     try:
         from importlib.metadata import version
 
@@ -96,12 +96,13 @@ def collect_env(on_gpu: bool) -> dict:
         "host": platform.node(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
-        "jax": _version("jax"),
-        "jaxlib": _version("jaxlib"),
-        "jax_cuda_plugin": _version("jax-cuda13-plugin") or _version("jax-cuda12-plugin"),
-        "triton": _version("triton"),
-        "torchax": _version("torchax"),
-        "flashinfer": _version("flashinfer-python"),
+        "jax": package_version("jax"),
+        "jaxlib": package_version("jaxlib"),
+        "jax_cuda_plugin": package_version("jax-cuda13-plugin")
+        or package_version("jax-cuda12-plugin"),
+        "triton": package_version("triton"),
+        "torchax": package_version("torchax"),
+        "flashinfer": package_version("flashinfer-python"),
         "library": library_info(),
         "gpu": None,
     }
@@ -135,3 +136,9 @@ def collect_env(on_gpu: bool) -> dict:
 def device_slug(env: dict) -> str:
     name = env["gpu"]["name"] if env.get("gpu") else "cpu-smoke"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run_name(env: dict) -> str:
+    """<date>-<device>-<commit>: the name of a run's folder."""
+    commit = re.sub(r"[^0-9a-f]", "", str(env.get("git_commit", "")).split("+")[0])[:7] or "unknown"
+    return f"{env['date_utc'][:10]}-{device_slug(env)}-{commit}"

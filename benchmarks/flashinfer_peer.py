@@ -13,21 +13,22 @@ FlashInfer 0.6 compiles its kernels on first use (nvcc under CUDA_HOME) into
 FLASHINFER_WORKSPACE_BASE. `prebuild` builds every module a run needs, concurrently, before any
 timing; `export-cache` packs the built modules into one file; `import-cache` unpacks such a file
 into FlashInfer's AOT directory (<package>/data/aot/<module>/<module>.so), where FlashInfer loads a
-module without building it. CLI: python -m benchmarks.flashinfer_peer {status,prebuild,export-cache,import-cache}
+module without building it (`python -m benchmarks flashinfer {status,prebuild,export-cache,import-cache}`).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import io
 import json
 import os
 import re
-import sys
 import tarfile
 import time
 from pathlib import Path
+
+from benchmarks.cases import scale_of
+from benchmarks.runners import NotApplicable, Runner, canon
 
 PIN = "flashinfer-python==0.6.13"
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
@@ -89,8 +90,6 @@ def kv_views(kv_cache):
 
 
 def _flashinfer(env):
-    from benchmarks.peers import NotApplicable
-
     reason = unavailable()
     if reason is not None:
         raise NotApplicable(reason)
@@ -104,22 +103,17 @@ def _flashinfer(env):
 def _runner(case, copies, run_one, notes: str):
     import torch
 
-    from benchmarks.peers import Runner, _canon
-
     calls = []
     for c in copies:
         k_cache, v_cache = kv_views(c["kv_cache"])
         out = torch.empty_like(c["query"])
         calls.append(lambda q=c["query"], k=k_cache, v=v_cache, out=out: run_one(q, (k, v), out))
-    return Runner("torch", lambda: _canon(calls[0]()), calls=calls, notes=notes)
+    return Runner("torch", lambda: canon(calls[0]()), calls=calls, notes=notes)
 
 
 def prepare_decode(env, case, copies):
     """BatchDecodeWithPagedKVCacheWrapper, tensor-core path (use_tensor_cores=True)."""
     import torch
-
-    from benchmarks.cases import scale_of
-    from benchmarks.peers import NotApplicable
 
     if case.kind != "decode":
         raise NotApplicable("decode batches only (prefill and mixed: flashinfer_prefill)")
@@ -142,9 +136,6 @@ def prepare_decode(env, case, copies):
 def prepare_prefill(env, case, copies):
     """BatchPrefillWithPagedKVCacheWrapper, backend fa3 on sm_90, causal."""
     import torch
-
-    from benchmarks.cases import scale_of
-    from benchmarks.peers import NotApplicable
 
     if case.kind not in ("prefill", "mixed"):
         raise NotApplicable("prefill and mixed batches only (decode: flashinfer_decode)")
@@ -304,47 +295,3 @@ def import_cache(src: Path) -> str:
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         tar.extractall(aot_dir, members=members, **safe)
     return f"{len(members)} modules into {aot_dir}"
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="print whether FlashInfer imports, and its version")
-    build = sub.add_parser("prebuild", help="build the modules of the benchmark's cases")
-    build.add_argument("--quick", action="store_true", help="the cases of --quick")
-    build.add_argument("--cases", nargs="*", default=(), help="case name substrings")
-    export = sub.add_parser("export-cache", help="pack the built modules into FILE")
-    export.add_argument("file", type=Path)
-    load = sub.add_parser("import-cache", help="unpack FILE (or FILE.part0, ...) for FlashInfer")
-    load.add_argument("file", type=Path)
-    args = parser.parse_args(argv)
-    reason = unavailable()
-    if args.command == "status":
-        print(f"FlashInfer {version()}" if reason is None else f"FlashInfer {reason}")
-        return 0
-    if reason is not None:
-        print(f"FlashInfer {reason}: nothing to do", flush=True)
-        return 0
-    if args.command == "prebuild":
-        from benchmarks.cases import all_cases
-        from benchmarks.workers import select_cases
-
-        modules = modules_needed(select_cases(all_cases(args.quick), args.cases))
-        result = prebuild(modules)
-        print(f"FlashInfer modules loaded or built: {result['modules']} in {result['seconds']:.0f} s"
-              f" (MAX_JOBS {result.get('max_jobs')}, prefill backend "
-              f"{result.get('prefill_backend')})", flush=True)  # fmt: skip
-        for error in result["errors"]:
-            print(f"  FAILED {error}", flush=True)
-        return 1 if result["errors"] else 0
-    if args.command == "export-cache":
-        files = export_cache(args.file)
-        sizes = ", ".join(f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in files)
-        print(f"FlashInfer kernel cache: {sizes}", flush=True)
-        return 0
-    print(f"FlashInfer kernel cache: {import_cache(args.file)}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """fp8 KV cache against a 16-bit one: decode on a GPU host, ours and FlashInfer's, one process.
 
-    python -m benchmarks.fp8_decode --out DIR [--cases NAME ...] [--dtype bfloat16|float16]
+    python -m benchmarks fp8-decode --out DIR [--cases NAME ...] [--dtype bfloat16|float16]
 
 Per case (queries of --dtype, bfloat16 by default; page 16) the same random cache is held twice: in
 float8_e4m3fn (K / k_scale, V / v_scale; power-of-two scales) and in the query's dtype holding
@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import environment, flashinfer_peer
 from benchmarks.cases import Case, build_inputs, decode_case, rel_l2
+from benchmarks.ceilings import measure_ceilings
+from benchmarks.timing import release_cached_memory, time_torch
 
 K_SCALE, V_SCALE = 2.0**-5, 2.0**-4
 SPEEDUP_TARGET, FLOOR_TARGET = 1.8, 0.9
@@ -77,8 +78,6 @@ def flashinfer_runner(case: Case, copies: list[dict], kv_dtype):
 
 def run_case(case: Case, read_gbps: float, samples: int) -> dict:
     import torch
-
-    from benchmarks.timing import release_cached_memory, time_torch
 
     fp8_copies, wide_copies = [], []
     metadata = None
@@ -145,15 +144,14 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks fp8-decode",
+                                     description=__doc__.splitlines()[0])  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--dtype", choices=list(SHORT_NAMES), default="bfloat16",
                         help="the queries' dtype, and the 16-bit cache's")  # fmt: skip
     args = parser.parse_args(argv)
-    from benchmarks.ceilings import measure_ceilings
-
     environment.prepare_process(True)
     env = environment.collect_env(True)
     ceilings = measure_ceilings(True, args.samples)
@@ -189,7 +187,3 @@ def main(argv=None) -> int:
             if "skipped" in row:
                 print(f"{r['case']}: {name} skipped: {row['skipped']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_bench.sh [--quick] [--out DIR] [--wheels DIR] [--cache-dir DIR]
 #        [--flashinfer-cache FILE] [--library FILE] [--budget SECONDS] [--prepare-only]
-#        [-- ARGS for python -m benchmarks.run]
+#        [-- ARGS for python -m benchmarks run]
 #
 # Needs python3 with torch and jax (CUDA), and the library (`nox -s build`, or --library FILE).
 # --wheels DIR (default .whl): every *.whl there is installed without dependencies and without a
@@ -19,7 +19,7 @@
 # --prepare-only: install, import or build FlashInfer's kernels, write the cache file, stop.
 # DIR (default artifacts/bench/<UTC time>) receives at most 8 files: results.json, table.md,
 # plot.png, env.json, workers.log, run.log and flashinfer-jit-cache.tar.xz (or its parts).
-# `python -m benchmarks.record DIR` files the run as the repository's record; the commit comes from
+# `python -m benchmarks record DIR` files the run as the repository's record; the commit comes from
 # git, or from XLA_GPU_OPS_GIT_COMMIT where the copy has no .git. The compact table prints last.
 set -uo pipefail
 start=$(date +%s)
@@ -89,7 +89,7 @@ if compgen -G "$wheels/*.whl" > /dev/null; then
   fi
   export PYTHONPATH="$PYTHONPATH:$site"
 fi
-python3 -m benchmarks.flashinfer_peer status 2>&1 | tee -a "$log"
+python3 -m benchmarks flashinfer status 2>&1 | tee -a "$log"
 
 if [[ -z $fi_cache ]]; then
   fi_cache=$(ls -t "$wheels"/flashinfer-jit-cache*.tar.xz "$wheels"/flashinfer-jit-cache*.tar.xz.part0 \
@@ -97,17 +97,17 @@ if [[ -z $fi_cache ]]; then
   fi_cache=${fi_cache%.part0}
 fi
 if [[ -n $fi_cache ]]; then
-  python3 -m benchmarks.flashinfer_peer import-cache "$fi_cache" 2>&1 | tee -a "$log"
+  python3 -m benchmarks flashinfer import-cache "$fi_cache" 2>&1 | tee -a "$log"
 fi
 quick_flag=()
 (( quick )) && quick_flag=(--quick)
 
 export_cache() {
-  python3 -m benchmarks.flashinfer_peer export-cache "$out/flashinfer-jit-cache.tar.xz" 2>&1 | tee -a "$log"
+  python3 -m benchmarks flashinfer export-cache "$out/flashinfer-jit-cache.tar.xz" 2>&1 | tee -a "$log"
 }
 status=0
 if (( prepare_only )); then
-  python3 -m benchmarks.flashinfer_peer prebuild "${quick_flag[@]}" 2>&1 | tee -a "$log"
+  python3 -m benchmarks flashinfer prebuild "${quick_flag[@]}" 2>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
   export_cache
 else
@@ -116,7 +116,7 @@ else
   left=$(( budget - ($(date +%s) - start) - (quick ? 35 : 60) ))
   (( left > 60 )) || left=60
   # the whole output goes to run.log; the terminal gets progress lines, then the compact table
-  python3 -m benchmarks.run "${quick_flag[@]}" --out "$out" --time-limit "$left" --no-progress \
+  python3 -m benchmarks run "${quick_flag[@]}" --out "$out" --time-limit "$left" --no-progress \
     "${run_args[@]}" 2>&1 | tee -a "$log" \
     | grep -E --line-buffered "^\[[0-9]+/[0-9]+\]|^FlashInfer|^measuring|GB/s, copy|worker|Error|error:"
   status=${PIPESTATUS[0]}
@@ -126,6 +126,6 @@ fi
 say "== exit status $status after $(( $(date +%s) - start )) s; files in $out: $(ls "$out" | tr '\n' ' ')"
 if [[ -f $out/results.json ]] && (( ! prepare_only )); then
   echo
-  python3 -m benchmarks.report --compact "$out/results.json"
+  python3 -m benchmarks report --compact "$out/results.json"
 fi
 exit "$status"

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks import ours
+from benchmarks import flashinfer_peer, ours
+from benchmarks.cases import OPERANDS, build_inputs, rel_l2, scale_of
+from benchmarks.runners import NotApplicable, canon, prepared
+from benchmarks.timing import error_text, time_host_per_call
 
 ROWS = (  # name, role
     ("xgo_op", "ours"),
@@ -26,9 +29,6 @@ OURS_TARGETED = ("xgo_op", "xgo_wrapper")  # the rows the host-cost target appli
 def _makers(env, case, inputs: dict) -> dict:
     """name -> () -> call (raises NotApplicable where the row cannot run here)."""
     import torch.nn.functional as F
-
-    from benchmarks.cases import OPERANDS, scale_of
-    from benchmarks.peers import NotApplicable
 
     args = [inputs[name] for name in OPERANDS]
     scale = scale_of(case)
@@ -58,8 +58,6 @@ def _makers(env, case, inputs: dict) -> dict:
         return call
 
     def flashinfer():
-        from benchmarks import flashinfer_peer
-
         runner = flashinfer_peer.prepare_decode(env, dataclasses.replace(case, kind="decode"),
                                                 [inputs])  # fmt: skip
         return runner.calls[0]
@@ -76,10 +74,6 @@ def _makers(env, case, inputs: dict) -> dict:
 def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | None = None,
                       skip_impls: frozenset[str] = frozenset()) -> dict:  # fmt: skip
     """{row: entry} with median / p10 / p90 µs of host time per call; never raises for a row."""
-    from benchmarks.cases import build_inputs, rel_l2
-    from benchmarks.peers import _canon, prepared
-    from benchmarks.timing import _short, time_host_per_call
-
     inputs = build_inputs(case, env.device, seed=4242)
     makers = _makers(env, case, inputs)
     impls: dict = {}
@@ -98,7 +92,7 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
         if call is None:
             continue
         try:
-            out = _canon(call())
+            out = canon(call())
             if expected is None:
                 expected = out
             else:
@@ -109,5 +103,5 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
                          p90_us=timing.quantile(0.9), samples=len(timing.samples_us),
                          method=timing.method)  # fmt: skip
         except Exception as error:
-            entry.update(status="failed", reason=_short(error, 300))
+            entry.update(status="failed", reason=error_text(error, 300))
     return impls

@@ -1,6 +1,6 @@
 r"""A / B of library builds: one probe command run under each build in turn, rounds alternating.
 
-usage: python3 -m benchmarks.library_ab [--rounds N] [--out DIR] [--timeout S] [--pattern RE]
+usage: python3 -m benchmarks ab [--rounds N] [--out DIR] [--timeout S] [--pattern RE]
            NAME=LIBRARY NAME=LIBRARY [...] -- COMMAND [ARG ...]
 
 Each round runs COMMAND once per build, in the order given, each in its own process with
@@ -17,7 +17,7 @@ ratio to the first build's. With --out DIR: each run's output as DIR/<NAME>-<rou
 table with every time as DIR/library_ab.json.
 
 Example (a variant build against the default one, on a GPU host):
-    python3 -m benchmarks.library_ab --rounds 3 --out ab main=xla_gpu_ops/_lib/libxla_gpu_ops.so \
+    python3 -m benchmarks ab --rounds 3 --out ab main=xla_gpu_ops/_lib/libxla_gpu_ops.so \
         variant=build/sm_90a-flags-XXXX/libxla_gpu_ops.so -- python3 benchmarks/prefill_sm90_probe.py
 """
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" not in argv:
         raise SystemExit(__doc__)
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="library_ab")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks ab")
     parser.add_argument("builds", nargs="+", help="NAME=LIBRARY, two or more")
     parser.add_argument("--rounds", type=int, default=3, help="runs per build (default 3)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
@@ -172,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
     for failure in failures:
         print(f"failed: {failure}", file=sys.stderr)
     return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Paged attention sharded by KV head on 1, 2, 4 GPUs: weak scaling at fixed heads per GPU.
 
-    python3 benchmarks/multi_gpu.py [--out DIR] [--devices 1,2,4] [--budget SECONDS] [--smoke]
+    python3 -m benchmarks multi-gpu [--out DIR] [--devices 1,2,4] [--budget SECONDS] [--smoke]
 
 Cases, per GPU (N GPUs hold N times the heads, so each GPU does the one-GPU work):
 - decode: B 32, context 4096, Hq 32, Hkv 8, D 128, page 16, bf16 (the single-GPU anchor);
@@ -19,7 +19,7 @@ For every device count N that `jax.devices()` offers (of 1, 2, 4, 8, or --device
 - the torchax route (`sharding.torchax_paged_attention`) against the JAX output, if torchax
   imports.
 
-NCCL_NVLS_ENABLE=0 is set before jax starts (NVLink multicast off); the programs have no
+NCCL_NVLS_ENABLE=0 is set before jax is imported (NVLink multicast off); the programs have no
 collective, so nothing needs NCCL. Writes into DIR (default artifacts/multi-gpu/<UTC time>):
 results.json (rows, verdicts, environment), table.md, topology.txt (`nvidia-smi topo -m`),
 hlo-decode-<N>gpu.txt (the optimised N-GPU program) and run.log; the compact table prints last.
@@ -30,29 +30,22 @@ gives four): tiny f32 shapes, few samples, the same checks, and no verdict.
 
 from __future__ import annotations
 
-import os
-
-# Before jax (and NCCL) start: NVLink multicast (NVLS) stays off.
-os.environ["NCCL_NVLS_ENABLE"] = "0"
-
 import argparse
 import datetime as dt
 import functools
 import hashlib
 import json
+import os
 import platform
 import random
 import statistics
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.environment import ROOT, git_commit, package_version
 
 SCALING_TARGET = 0.9  # throughput on N GPUs >= 0.9 x N x one GPU
 EQUAL_REL_L2 = {"bfloat16": 1e-2, "float32": 1e-5}  # vs the one-GPU call (the project's tolerances)
@@ -91,31 +84,12 @@ SMOKE_CASES = (
 
 
 # ---------------------------------------------------------------------------- environment
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
 def _run(cmd: list[str], timeout: float = 30) -> str:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         return (done.stdout + done.stderr).strip()
     except (OSError, subprocess.SubprocessError) as error:
         return f"{cmd[0]}: not available ({error})"
-
-
-def git_commit() -> str:
-    given = os.environ.get("XLA_GPU_OPS_GIT_COMMIT")
-    if given:
-        return given
-    head = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
-    dirty = _run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "xla_gpu_ops", "kernels",
-                  "benchmarks/multi_gpu.py"])  # fmt: skip
-    return head + ("+dirty" if dirty and "not available" not in dirty else "")
 
 
 VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
@@ -130,7 +104,7 @@ def collect_env(jax, on_gpu: bool) -> dict:
         "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "git_commit": git_commit(),
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in VERSIONED if _version(name)},
+        "versions": {name: package_version(name) for name in VERSIONED if package_version(name)},
         "devices": [
             {"id": d.id, "kind": d.device_kind, "platform": d.platform} for d in jax.devices()
         ],
@@ -472,7 +446,8 @@ def table(rows: list[dict], on_gpu: bool) -> str:
 
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks multi-gpu",
+                                     description=__doc__.split("\n")[0])  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--devices", default=None, help="device counts, e.g. 1,2,4")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; later rows skip")
@@ -480,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    # Before jax (and NCCL) start: NVLink multicast (NVLS) stays off. jax is imported here, after
+    # it, and only by this command.
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
     import jax
 
     start = time.monotonic()
@@ -574,7 +552,3 @@ def main(argv: list[str] | None = None) -> int:
         if "checks" in row.get(v, {})
     )
     return 1 if broken else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

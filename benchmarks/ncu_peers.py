@@ -1,7 +1,7 @@
 """Our kernels and FlashInfer's on the same inputs, one call each, for a profiler (run on a GPU host).
 
 usage: ncu --profile-from-start off --clock-control none --set full -o REPORT \\
-           python3 -m benchmarks.ncu_peers CASE_SUBSTRING [...]
+           python3 -m benchmarks ncu CASE_SUBSTRING [...]
 
 Each benchmark case whose name holds one of the substrings (benchmarks/cases.py, full grid) gets
 its inputs, one warm-up call of ours and of FlashInfer's, then, between cudaProfilerStart and
@@ -12,23 +12,21 @@ FlashInfer's plan() runs before, on the host, as in the benchmark.
 
 from __future__ import annotations
 
-import sys
+from benchmarks import flashinfer_peer, ours
+from benchmarks.cases import OPERANDS, all_cases, build_inputs, scale_of
+from benchmarks.runners import BenchEnv
 
 
 def main(argv: list[str]) -> int:
     import torch
 
-    from benchmarks import flashinfer_peer, ours
-    from benchmarks.cases import OPERANDS, all_cases, build_inputs, scale_of
-    from benchmarks.peers import BenchEnv
-
-    if not argv:
-        sys.exit(__doc__)
+    if not argv or argv[0] in ("-h", "--help"):
+        raise SystemExit(__doc__)
     env = BenchEnv(on_gpu=True)
     cases = [c for c in all_cases(quick=False) if any(s in c.name for s in argv)]
     cases = [c for c in cases if c.kind in ("decode", "prefill", "mixed")]
     if not cases:
-        sys.exit(f"no decode / prefill / mixed case matches {argv}")
+        raise SystemExit(f"no decode / prefill / mixed case matches {argv}")
     for case in cases:
         inputs = build_inputs(case, "cuda", seed=1)
         args = [inputs[name] for name in OPERANDS]
@@ -54,7 +52,3 @@ def main(argv: list[str]) -> int:
         del inputs, args, impls
         torch.cuda.empty_cache()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

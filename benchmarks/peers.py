@@ -24,13 +24,15 @@ Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the sa
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from benchmarks import ours
+from benchmarks import flashinfer_peer, ours
 from benchmarks.cases import OPERANDS, Case, scale_of
+from benchmarks.runners import BenchEnv, NotApplicable, Runner, canon
 
 # XLA options per compile (jax.jit compiler_options). XLA's defaults (jax 0.11 / XLA 2026) record
 # FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN into command buffers but only for regions of at
@@ -43,80 +45,12 @@ GRAPH_OPTIONS = {
 NOGRAPH_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 
 
-class NotApplicable(Exception):
-    pass
-
-
-def prepared(entry: dict, make: Callable[[], Any]) -> Any | None:
-    """make()'s result; None after marking the result row `entry` n/a (NotApplicable: the row
-    cannot run here) or failed (any other error, shortened)."""
-    from benchmarks.timing import _short
-
-    try:
-        return make()
-    except NotApplicable as why:
-        entry.update(status="n/a", reason=str(why))
-    except Exception as error:
-        entry.update(status="failed", reason=_short(error, 300))
-    return None
-
-
-@dataclass
-class Runner:
-    """What the timers need. torch: `calls`, one per copy. jax: a chained program."""
-
-    framework: str  # "torch" | "jax"
-    output: Callable[[], Any]  # canonical output of copy 0: torch float32 CPU tensor
-    calls: list[Callable[[], Any]] = field(default_factory=list)
-    program: Callable | None = None
-    first_carry: Any = None
-    operand_sets: Any = None
-    chain: int = 0
-    graph: bool = True  # torch: capture the calls in a CUDA graph
-    notes: str = ""
-    compile_for_dump: Callable[[dict], Any] | None = None  # jax: compile with extra options
-    make_program: Callable[[int], Callable] | None = None  # jax: the program with n chained calls
-
-
-class BenchEnv:
-    """Devices and lazily imported frameworks shared by every implementation."""
-
-    def __init__(self, on_gpu: bool):
-        import torch
-
-        self.on_gpu = on_gpu
-        self.device = torch.device("cuda" if on_gpu else "cpu")
-        self._jax = None
-
-    @property
-    def jax(self):
-        if self._jax is None:
-            import jax
-
-            self._jax = jax
-        return self._jax
-
-    def to_jax(self, tensor):
-        return self.jax.dlpack.from_dlpack(tensor.contiguous())
-
-    def to_torch_cpu(self, array):
-        import numpy as np
-        import torch
-
-        array = self.jax.device_get(array)
-        return torch.from_numpy(np.asarray(array, dtype=np.float32))
-
-
 def _paged_kind(case: Case) -> str:
     return "decode" if case.kind == "overhead_decode" else case.kind
 
 
 def _is_overhead(case: Case) -> bool:
     return case.kind in ("simple_add", "overhead_decode")
-
-
-def _canon(tensor):
-    return tensor.detach().float().cpu()
 
 
 # ------------------------------------------------------------------------------ ours: torch
@@ -135,7 +69,7 @@ def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool
             return lambda: ours.op_paged_attention(*args, scale=scale)
 
     calls = [make(c) for c in copies]
-    return Runner("torch", lambda: _canon(calls[0]()), calls=calls, graph=graph)
+    return Runner("torch", lambda: canon(calls[0]()), calls=calls, graph=graph)
 
 
 def prepare_xgo_torch_nograph(env, case, copies):
@@ -260,7 +194,7 @@ def _gather_kv(case: Case, c: dict, tables, npp: int):
 
 def _canon_dense(out4, case: Case):
     """[B, Hq, q_len, D] -> [T, Hq, D]."""
-    return _canon(out4.transpose(1, 2).reshape(case.num_tokens, case.num_q_heads, case.head_dim))
+    return canon(out4.transpose(1, 2).reshape(case.num_tokens, case.num_q_heads, case.head_dim))
 
 
 def prepare_torch_sdpa_contiguous(env, case, copies):
@@ -334,7 +268,7 @@ def prepare_torch_gather_sdpa(env, case, copies):
         return call
 
     calls = [make_ragged(c) for c in copies]
-    return Runner("torch", lambda: _canon(calls[0]()), calls=calls,
+    return Runner("torch", lambda: canon(calls[0]()), calls=calls,
                   notes=f"{case.batch} gathers + SDPA calls per step")  # fmt: skip
 
 
@@ -470,13 +404,7 @@ def prepare_reference(env, case, copies):
         scale = scale_of(case)
         calls = [lambda c=c: ours.reference_paged_attention(*(c[n] for n in OPERANDS), scale=scale)
                  for c in copies]  # fmt: skip
-    return Runner("torch", lambda: _canon(calls[0]()), calls=calls)
-
-
-def _flashinfer():
-    from benchmarks import flashinfer_peer
-
-    return flashinfer_peer
+    return Runner("torch", lambda: canon(calls[0]()), calls=calls)
 
 
 @dataclass(frozen=True)
@@ -496,8 +424,6 @@ class ImplSpec:
 
 def torchax_loaded() -> bool:
     """Whether torchax was imported in this process (it cannot be unloaded)."""
-    import sys
-
     return "torchax" in sys.modules
 
 
@@ -506,8 +432,6 @@ FORCE_CLEAN_TORCH_ENV = "XGO_BENCH_FORCE_CLEAN_TORCH"
 
 
 def needs_clean_process(spec: ImplSpec, env: BenchEnv) -> bool:
-    import os
-
     return spec.needs_clean_torch and (env.on_gpu or os.environ.get(FORCE_CLEAN_TORCH_ENV) == "1")
 
 
@@ -545,10 +469,8 @@ IMPLS: tuple[ImplSpec, ...] = (
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
     ImplSpec("flashinfer_decode", "peer", frozenset({"decode"}), False,
-             lambda env, case, copies: _flashinfer().prepare_decode(env, case, copies)),
+             flashinfer_peer.prepare_decode),
     ImplSpec("flashinfer_prefill", "peer", frozenset({"prefill", "mixed"}), False,
-             lambda env, case, copies: _flashinfer().prepare_prefill(env, case, copies)),
+             flashinfer_peer.prepare_prefill),
     ImplSpec("reference", "peer", ALL, False, prepare_reference),
 )  # fmt: skip
-# The implementation whose numbers carry the verdicts, in order of preference.
-PRIMARY_ORDER = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph", "reference")

@@ -8,6 +8,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from benchmarks.timing import device_trace, error_text, time_jax_slope
+
 THUNK_LINE = re.compile(r"^(\s*)(\d+): (k[A-Za-z0-9]+)")
 
 
@@ -84,8 +86,6 @@ PER_CALL_IMPLS = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph")
 def per_call_measurements(runner, env, samples: int) -> dict:
     """Device time per call from the GPU's own timestamps, the slope of a JAX chain, and where
     XLA put the custom calls (command buffer or not). Each part fails on its own."""
-    from benchmarks.timing import _short, device_trace, time_jax_slope
-
     out: dict = {}
     if runner.framework == "jax":
         try:
@@ -95,11 +95,11 @@ def per_call_measurements(runner, env, samples: int) -> dict:
             out["slope_p10_p90_us"] = [slope.quantile(0.1), slope.quantile(0.9)]
             out["slope_method"] = slope.method
         except Exception as error:
-            out["slope_error"] = _short(error, 300)
+            out["slope_error"] = error_text(error, 300)
         try:
             out["command_buffer"] = command_buffer_evidence(runner)
         except Exception as error:
-            out["command_buffer"] = {"captured": None, "error": _short(error, 300)}
+            out["command_buffer"] = {"captured": None, "error": error_text(error, 300)}
     if not env.on_gpu:
         return out
     try:
@@ -128,5 +128,5 @@ def per_call_measurements(runner, env, samples: int) -> dict:
         run()  # warm: nothing compiles inside the trace
         out["device"] = device_trace(run, calls)
     except Exception as error:
-        out["device"] = {"error": _short(error, 300)}
+        out["device"] = {"error": error_text(error, 300)}
     return out

@@ -3,7 +3,7 @@
 `write_run` writes a run's results.json, env.json, table.md and plot.png. Filing, from the
 repository root:
 
-    python -m benchmarks.record RUN_DIR [--fill-skipped RUN_DIR2]
+    python -m benchmarks record RUN_DIR [--fill-skipped RUN_DIR2]
 
 copies a GPU run's files (results.json, env.json, table.md, plot.png, run.log, workers.log) into
 benchmarks/results/<date>-<device>-<commit>/ with a generated README.md, removes the previous
@@ -19,16 +19,14 @@ fill-workers.log.
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from benchmarks.environment import ROOT, device_slug
-from benchmarks.workers import skipped_for_time
+from benchmarks import report
+from benchmarks.environment import ROOT, run_name
+from benchmarks.report import skipped_for_time
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RESULTS_MD = "RESULTS.md"
@@ -40,8 +38,6 @@ TABLE_HEAD = "| record | device | commit | summary | where |"
 
 def write_run(results: dict, out_dir: Path) -> None:
     """results.json (everything), env.json, table.md and plot.png of a run."""
-    from benchmarks import report
-
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out_dir / "env.json").write_text(json.dumps(results["env"], indent=1))
@@ -50,9 +46,7 @@ def write_run(results: dict, out_dir: Path) -> None:
 
 
 def record_name(results: dict) -> str:
-    env = results["env"]
-    commit = re.sub(r"[^0-9a-f]", "", str(env.get("git_commit", "")).split("+")[0])[:7] or "unknown"
-    return f"{env['date_utc'][:10]}-{device_slug(env)}-{commit}"
+    return run_name(results["env"])
 
 
 def summary_line(results: dict) -> str:
@@ -66,8 +60,6 @@ def summary_line(results: dict) -> str:
 def fill_skipped(results: dict, other: dict) -> list[str]:
     """Cases `results` skipped at its time limit, taken from `other` where it reached them; the
     verdicts follow the joined cases. Returns the names filled in."""
-    from benchmarks import report
-
     env, other_env = results["env"], other["env"]
     for what, get in (("commit", lambda e: e.get("git_commit")),
                       ("device", lambda e: (e.get("gpu") or {}).get("name")),
@@ -91,8 +83,6 @@ def fill_skipped(results: dict, other: dict) -> list[str]:
 
 
 def readme(results: dict) -> str:
-    from benchmarks import report
-
     env = results["env"]
     gpu = env.get("gpu") or {}
     lib = env.get("library") or {}
@@ -153,7 +143,7 @@ def results_md(rows: list[str]) -> str:
         "`git show C^:benchmarks/results/<record>/README.md`, one \"last in the tree at C\" is",
         "`git show C:benchmarks/results/<record>/README.md` (a one-file record: its name instead",
         "of `<record>/README.md`). Codes such as d7 or m6 name kernel revisions of the performance",
-        "log in docs/. A new record is filed with `python -m benchmarks.record RUN_DIR`",
+        "log in docs/. A new record is filed with `python -m benchmarks record RUN_DIR`",
         "(benchmarks/README.md).",
         "",
         TABLE_HEAD,
@@ -214,18 +204,3 @@ def file_record(
            f"{summary_line(results)} | [{name}/]({name}/) |")  # fmt: skip
     md_path.write_text(results_md([row, *rows]))
     return dest
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="the output folder of a GPU run")
-    parser.add_argument("--fill-skipped", type=Path, default=None, metavar="RUN_DIR2",
-                        help="a run of the same commit with the cases RUN_DIR skipped at its time limit")  # fmt: skip
-    args = parser.parse_args(argv)
-    dest = file_record(args.run_dir, fill_dir=args.fill_skipped)
-    print(f"record written to {dest}; RESULTS.md updated")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

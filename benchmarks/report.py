@@ -1,18 +1,22 @@
 """Verdicts against the targets, the tables and the plot of a results dict.
 
-`python -m benchmarks.report RESULTS.json [--compact]` prints the table of a finished run.
-Targets are verdicts here, never assertions in tests; a CPU smoke run gets no verdicts.
+`python -m benchmarks report RUN_DIR` prints the table of a finished run. Targets are verdicts
+here, never assertions in tests; a CPU smoke run gets no verdicts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 from benchmarks.cases import ANCHOR
-from benchmarks.peers import PRIMARY_ORDER
+
+# Our implementation whose numbers carry the verdicts, in order of preference.
+PRIMARY_ORDER = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph", "reference")
+# How the reason of a case skipped for lack of time begins (`publish --fill-skipped` fills such
+# cases from a second run).
+TIME_LIMIT_SKIP = "time limit"
+NOT_REACHED_SKIP = "not reached"
 
 OVERHEAD_TARGET_US = 3.0  # XLA custom call over the eager kernel, per call
 MIXED_TARGET_FRAC = 0.85
@@ -26,6 +30,15 @@ RECORD_NOISE_US = 0.5
 HOST_COST_ORDER = ("xgo_op", "xgo_wrapper", "xgo_launcher")
 FLASHINFER = ("flashinfer_decode", "flashinfer_prefill")
 SDPA = ("torch_sdpa_contiguous", "torch_sdpa")
+
+
+def load(path: Path) -> dict:
+    """A run's (or a record's) results.json."""
+    return json.loads(Path(path).read_text())
+
+
+def skipped_for_time(record: dict) -> bool:
+    return str(record.get("skipped", "")).startswith((TIME_LIMIT_SKIP, NOT_REACHED_SKIP))
 
 
 def primary(record: dict) -> tuple[str, dict] | None:
@@ -542,17 +555,3 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, help="results.json of a run")
-    parser.add_argument("--compact", action="store_true", help="the one-line-per-case summary")
-    args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text())
-    print(compact(results) if args.compact else markdown(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,24 +1,23 @@
-"""Benchmark entry point: `python -m benchmarks.run [--quick] [--cases SUBSTR ...] [--out DIR]`.
+"""A benchmark run (`python -m benchmarks run`): ceilings, then every case for every implementation.
 
 On a GPU: measures the device's read / copy bandwidth and bf16 matrix rate, then every case for
 every implementation available (benchmarks/peers.py, FlashInfer where installed), and writes
-results.json, table.md, plot.png, env.json and workers.log to --out (default
-artifacts/bench/<date>-<device>-<commit>/); `python -m benchmarks.record DIR` files such a run as
-the repository's record. Without a GPU it says so and runs the CPU smoke run (tiny shapes, host
-timings, no verdicts) into artifacts/bench-smoke/, so every harness code path is exercised.
-Timing method: benchmarks/timing.py.
+results.json, table.md, plot.png, env.json and workers.log to the run's folder (default
+artifacts/bench/<date>-<device>-<commit>/). Without a GPU it says so and runs the CPU smoke run
+(tiny shapes, host timings, no verdicts) into artifacts/bench-smoke/, so every harness code path
+is exercised. Timing method: benchmarks/timing.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.environment import ROOT, collect_env, prepare_process
+from benchmarks import flashinfer_peer, record, report, workers
+from benchmarks.environment import ROOT, collect_env, prepare_process, run_name
 
 NO_GPU_MESSAGE = (
     "No GPU: torch.cuda.is_available() is False. Running the CPU smoke run of the harness "
@@ -44,15 +43,13 @@ def latest_record() -> Path | None:
 def prebuild_flashinfer(config: dict) -> dict | None:
     """Build FlashInfer's kernels for the selected cases before any timing (a subprocess, so that
     this process keeps no FlashInfer state); None where FlashInfer is not installed."""
-    from benchmarks import flashinfer_peer
-
     if "flashinfer_decode" in config["skip_impls"] and "flashinfer_prefill" in config["skip_impls"]:
         return None
     reason = flashinfer_peer.unavailable()
     if reason is not None:
         print(f"FlashInfer {reason}: its rows say so", flush=True)
         return {"unavailable": reason}
-    cmd = [sys.executable, "-m", "benchmarks.flashinfer_peer", "prebuild",
+    cmd = [sys.executable, "-m", "benchmarks", "flashinfer", "prebuild",
            *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"]]  # fmt: skip
     print("FlashInfer: loading or JIT-building its kernels for these cases ...", flush=True)
     start = time.time()
@@ -78,8 +75,6 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     assert in one implementation costs that implementation only. baseline: results.json of the
     record to compare with (default: the committed one).
     """
-    from benchmarks import record, report, workers
-
     start = time.time()
     on_gpu = gpu_available() and not force_cpu
     prepare_process(on_gpu)
@@ -91,8 +86,7 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     if out_dir is None:
         out_dir = SMOKE_DIR
         if on_gpu:
-            name = record.record_name({"env": env_info})
-            out_dir = ROOT / "artifacts" / "bench" / name
+            out_dir = ROOT / "artifacts" / "bench" / run_name(env_info)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {
@@ -133,40 +127,3 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     print(report.compact(results), flush=True)
     print(f"results written to {out_dir} after {results['wall_s']:.0f} s", flush=True)
     return results
-
-
-def main(argv=None) -> int:
-    from xla_gpu_ops._platform import prefer_cpu_without_gpu
-
-    prefer_cpu_without_gpu()  # on a CPU machine JAX starts on the CPU, without the CUDA plugin's ERROR
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="reduced grid (keeps the anchor)")
-    parser.add_argument("--cases", nargs="*", default=(), help="run cases whose name contains any")
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
-    parser.add_argument("--cpu", action="store_true", help="force the CPU smoke run")
-    parser.add_argument("--samples", type=int, default=None, help="timing samples per measurement")
-    parser.add_argument("--budget-gb", type=float, default=DEFAULT_BUDGET_GB,
-                        help="max KV cache bytes per case (x2 counted for peer layouts)")  # fmt: skip
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="seconds after which the remaining cases are skipped (recorded)")  # fmt: skip
-    parser.add_argument("--skip-impls", nargs="*", default=(), metavar="IMPL",
-                        help="implementations to leave out, e.g. flashinfer_decode")  # fmt: skip
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="results.json to compare with (default: the committed record)")  # fmt: skip
-    isolation = parser.add_mutually_exclusive_group()
-    isolation.add_argument("--isolate", dest="isolate", action="store_true", default=None,
-                           help="worker processes (default on a GPU)")  # fmt: skip
-    isolation.add_argument("--no-isolate", dest="isolate", action="store_false",
-                           help="everything in this process")  # fmt: skip
-    args = parser.parse_args(argv)
-    run_benchmark(args.out, quick=args.quick, patterns=tuple(args.cases), force_cpu=args.cpu,
-                  samples=args.samples, budget_gb=args.budget_gb,
-                  show_progress=not args.no_progress, time_limit_s=args.time_limit,
-                  isolate=args.isolate, skip_impls=tuple(args.skip_impls),
-                  baseline=args.baseline)  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

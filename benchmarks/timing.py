@@ -135,7 +135,7 @@ def time_torch(
             method = "torch CUDA-graph replay, CUDA events"
         except Exception as error:  # capture unsupported by this implementation: time eagerly
             torch.cuda.synchronize()
-            method = f"torch eager loop, CUDA events (graph capture failed: {_short(error)})"
+            method = f"torch eager loop, CUDA events (graph capture failed: {error_text(error)})"
     if replay is run_loop:  # eager timing: the same wait for what earlier work freed
         release_cached_memory()
     out: list[float] = []
@@ -317,6 +317,7 @@ def device_trace(run: Callable[[], object], calls: int) -> dict:
     }
 
 
-def _short(error: BaseException, limit: int = 160) -> str:
+def error_text(error: BaseException, limit: int = 160) -> str:
+    """An exception as one line: its type and message, cut to `limit` characters."""
     text = f"{type(error).__name__}: {error}".replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 3] + "..."

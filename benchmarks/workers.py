@@ -1,7 +1,7 @@
 """Running the cases: in this process, or in worker processes that a crash cannot take down.
 
 A device-side assert poisons the CUDA context for good; on a GPU the cases therefore run in worker
-processes (`python -m benchmarks.workers STATE`), and when one dies the implementation it was
+processes (`python -m benchmarks worker STATE`), and when one dies the implementation it was
 running is recorded as failed and a fresh worker resumes the same case without it. A case that
 needs a process without torchax (torch.compile peers) also moves to a fresh worker.
 """
@@ -17,37 +17,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from benchmarks import report
+from benchmarks.case_runner import needs_fresh_process, run_case
+from benchmarks.cases import all_cases, select_cases, smoke_cases
+from benchmarks.ceilings import measure_ceilings
 from benchmarks.environment import ROOT, prepare_process
+from benchmarks.report import NOT_REACHED_SKIP, TIME_LIMIT_SKIP
+from benchmarks.runners import BenchEnv
 
 PLANTED_CRASH_ENV = "XGO_BENCH_PLANTED_CRASH"  # "case-substring:impl": a worker exits there (tests)
 MAX_WORKER_RESTARTS = 12
 WORKER_GRACE_S = 60.0
-# How a case skipped for lack of time begins its "skipped" reason (benchmarks.record fills such
-# cases from a second run).
-TIME_LIMIT_SKIP = "time limit"
-NOT_REACHED_SKIP = "not reached"
-
-
-def skipped_for_time(record: dict) -> bool:
-    return str(record.get("skipped", "")).startswith((TIME_LIMIT_SKIP, NOT_REACHED_SKIP))
-
-
-def select_cases(all_cases, patterns):
-    """Cases whose name contains a pattern, in the order of the patterns (each case once)."""
-    if not patterns:
-        return list(all_cases)
-    chosen = []
-    for pattern in patterns:
-        chosen += [c for c in all_cases if pattern in c.name and c not in chosen]
-    if not chosen:
-        names = ", ".join(c.name for c in all_cases)
-        raise SystemExit(f"--cases {patterns}: no case matches; cases are: {names}")
-    return chosen
 
 
 def cases_for(config: dict):
-    from benchmarks.cases import all_cases, smoke_cases
-
     pool = all_cases(config["quick"]) if config["on_gpu"] else smoke_cases()
     return select_cases(pool, config["patterns"])
 
@@ -62,8 +47,6 @@ def _budget(config: dict) -> float:
 
 
 def _one_line(record: dict) -> str:
-    from benchmarks import report
-
     if record.get("skipped"):
         return f"{record['name']}: skipped ({record['skipped']})"
     best = report.primary(record)
@@ -81,11 +64,6 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
 
     Returns False when a worker stopped early because the next case needs a process without
     torchax (event "fresh_worker"); True when every case ran."""
-    from tqdm import tqdm
-
-    from benchmarks.case_runner import needs_fresh_process, run_case
-    from benchmarks.peers import BenchEnv
-
     cases = cases_for(config)
     skip_impls = frozenset(config.get("skip_impls", ()))
     env = BenchEnv(config["on_gpu"])
@@ -180,7 +158,7 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
             if config.get("deadline") is not None:
                 timeout = max(10.0, config["deadline"] - time.time() + WORKER_GRACE_S)
             with stderr_path.open("w") as err:
-                cmd = [sys.executable, "-m", "benchmarks.workers", str(state)]
+                cmd = [sys.executable, "-m", "benchmarks", "worker", str(state)]
                 try:
                     proc = subprocess.run(cmd, stderr=err, cwd=ROOT, check=False, timeout=timeout)
                     returncode = proc.returncode
@@ -248,8 +226,6 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
 
 
 def measure_and_announce(config: dict) -> dict:
-    from benchmarks.ceilings import measure_ceilings
-
     print("measuring ceilings (read, copy, matmul) ...", flush=True)
     ceilings = measure_ceilings(config["on_gpu"], config["samples"])
     print(f"  read {ceilings['read_gbps']:.4g} GB/s, copy {ceilings['copy_gbps']:.4g} GB/s, "
@@ -274,7 +250,3 @@ def worker_main(state_path: Path) -> int:
         emit({"event": "ceilings", "ceilings": ceilings})
     finished = run_cases(config, ceilings, state["start"], state["skips"], emit)
     return 0 if finished else FRESH_WORKER_EXIT
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main(Path(sys.argv[1])))

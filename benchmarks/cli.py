@@ -16,6 +16,7 @@ from benchmarks import (
     library_ab,
     multi_gpu,
     ncu_peers,
+    probes,
     record,
     report,
     run,
@@ -136,6 +137,7 @@ COMMANDS = {
     "flashinfer": ("FlashInfer's kernels: status, prebuild, export- / import-cache", _flashinfer),
     "fp8-decode": ("fp8 against 16-bit KV cache decode, ours and FlashInfer's", fp8_decode.main),
     "multi-gpu": ("paged attention sharded by KV head on 1, 2, 4 GPUs", multi_gpu.main),
+    "probe": ("kernel probes: decode shapes, the sm_90a prefill against mma.sync", probes.main),
     "ab": ("A/B of library builds: a probe command under each in turn", library_ab.main),
     "ncu": ("one call of ours and FlashInfer's per case, for ncu", ncu_peers.main),
 }

@@ -5,7 +5,7 @@
 #
 # STEP: tests (the whole suite, default), kernels (the CUDA kernel tests), frontends (torchax and
 # JAX tests), examples (the example in every mode this host has), sanitizer (compute-sanitizer
-# memcheck and racecheck on a reduced kernel selection), timing (benchmarks/kernels_timing.py).
+# memcheck and racecheck on a reduced kernel selection), timing (`python -m benchmarks probe decode`).
 # Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
 # --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies
 # into a temporary directory. DIR (default artifacts/gpu-check/<UTC time>) receives one log per
@@ -91,7 +91,7 @@ for step in "${steps[@]}"; do
       wait $memcheck || ok=1
       wait $racecheck || ok=1
       (exit $ok) ;;
-    timing) timeout 300 python3 benchmarks/kernels_timing.py > "$out/timing.txt" 2>&1 ;;
+    timing) timeout 300 python3 -m benchmarks probe decode > "$out/timing.txt" 2>&1 ;;
     *) echo "gpu_check.sh: unknown step $step" >&2; false ;;
   esac
   rc=$?

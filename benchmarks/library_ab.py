@@ -8,17 +8,15 @@ XLA_GPU_OPS_LIBRARY=LIBRARY (the library loads once per process, so builds never
 Alternating the builds spreads the GPU's clock and thermal drift over all of them; a build's
 range over the rounds is its noise. From each run's output every benchmark case name (decode_...,
 prefill_..., mixed_...) followed, past spaces, '|' or ':', by a number is read as that case's
-time in µs (the sm_90a column of `prefill_sm90_probe.py`'s table, the first timing of
-`decode_probe.py`'s benchmark cases). --pattern RE reads other lines instead: a regular
-expression with the groups `case` and `us`; for `decode_probe.py`'s own shapes ("anchor
-randperm" and the like): '^\S+\s+(?P<case>.+?)\s+(?P<us>[0-9.]+)\s+[0-9.]+ us'.
+time in µs (the first timing of each row of `python -m benchmarks probe`). --pattern RE reads
+other lines instead: a regular expression with the groups `case` and `us`.
 The table printed last gives, per case and build, the min-max over the rounds and the median's
 ratio to the first build's. With --out DIR: each run's output as DIR/<NAME>-<round>.txt and the
 table with every time as DIR/library_ab.json.
 
-Example (a variant build against the default one, on a GPU host):
-    python3 -m benchmarks ab --rounds 3 --out ab main=xla_gpu_ops/_lib/libxla_gpu_ops.so \
-        variant=build/sm_90a-flags-XXXX/libxla_gpu_ops.so -- python3 benchmarks/prefill_sm90_probe.py
+Example (the library of another checkout against this one's, on a GPU host):
+    python3 -m benchmarks ab --rounds 3 --out ab this=xla_gpu_ops/_lib/libxla_gpu_ops.so \
+        other=../other/xla_gpu_ops/_lib/libxla_gpu_ops.so -- python3 -m benchmarks probe prefill --ours-only
 """
 
 from __future__ import annotations

@@ -30,6 +30,21 @@ def library_abi_version() -> int:
     return int(_library.load().cdll.xla_gpu_ops_abi_version())
 
 
+def force_prefill_kernel(kernel: str) -> None:
+    """The library's test hook: "sm90" or "mma" forces that prefill kernel in this process
+    (sm90 only where the device has it), "auto" gives the choice back to the launcher."""
+    from xla_gpu_ops import _library
+
+    _library.load().cdll.xgo_debug_force_prefill_kernel({"auto": -1, "mma": 0, "sm90": 1}[kernel])
+
+
+def sm90_prefill_available() -> bool:
+    """Whether this device runs the sm_90a prefill kernel of this library."""
+    from xla_gpu_ops import _library
+
+    return _library.load().cdll.xgo_debug_sm90_prefill_available() == 1
+
+
 # ------------------------------------------------------------------------------ torch
 def op_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
                        *, scale: float):  # fmt: skip

@@ -1,0 +1,237 @@
+"""Kernel probes on a GPU host, for kernel work: `python -m benchmarks probe {decode,prefill}`.
+
+Both time the library xla_gpu_ops loads (XLA_GPU_OPS_LIBRARY picks another build: that is how
+`python -m benchmarks ab` compares builds) with the benchmark's timer (timing.time_torch: CUDA-
+graph replays over two input copies) on the benchmark's inputs (cases.build_inputs). Each row
+printed begins with a case name and our time, the form `ab` reads.
+
+decode [GROUP ...] (default: rows): our op on each shape, timed twice (their difference is the
+noise), and the fraction of its bytes floor at the read bandwidth measured first. Groups:
+  rows     the benchmark's key decode rows (anchor, B1 x 64k, B32 x 1k, Hq 64, Hkv 32, page 64,
+           D 64, D 256)
+  layout   the anchor and a B256 x (Hq 4 / Hkv 1) batch, pages shuffled and in order (-inorder)
+  context  B32 from 1k to 16k keys (the intercept is the fixed cost of a call)
+  long     B1 from 4k to 128k keys, and B32 x 64k
+  dtypes   the anchor in float16 and float32
+  mixed    the benchmark's mixed batch, its decodes alone and its prefills alone
+prefill [--cases SUBSTR] [--ours-only]: the causal prefill rows (B1 x 8k and B8 x 2k at D 64, 128,
+256) and the mixed batch on the sm_90a kernel and on the mma.sync one (each forced in turn by
+the library's test hook), and torch SDPA on contiguous K/V; each kernel's relative L2 error
+against a float32 reference on sampled rows. --ours-only: our op alone, with the library's own
+kernel choice (for an A/B of two builds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+
+from benchmarks import ours
+from benchmarks.cases import (
+    OPERANDS,
+    Case,
+    build_inputs,
+    decode_case,
+    mixed_case,
+    prefill_case,
+    rel_l2,
+    scale_of,
+)
+from benchmarks.ceilings import measure_ceilings
+from benchmarks.peers import prepare_torch_sdpa_contiguous
+from benchmarks.runners import BenchEnv, NotApplicable
+from benchmarks.timing import time_torch
+
+SAMPLES = 15
+LONG = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (32, 65536))  # (batch, keys)
+
+
+def _copies(case: Case, in_order: bool = False) -> list[dict]:
+    """Two input copies on the GPU (same page table); in_order: pages in sequence order."""
+    import torch
+
+    first = build_inputs(case, "cuda", seed=1)
+    if in_order:
+        tables = first["block_tables"]
+        first["block_tables"] = torch.arange(tables.numel(), dtype=torch.int32,
+                                             device=tables.device).view_as(tables)  # fmt: skip
+    meta = {k: v for k, v in first.items() if k not in ("query", "kv_cache")}
+    return [first, build_inputs(case, "cuda", seed=2, metadata=meta)]
+
+
+def _calls(case: Case, copies: list[dict]) -> list:
+    return [functools.partial(ours.op_paged_attention, *(c[n] for n in OPERANDS),
+                              scale=scale_of(case)) for c in copies]  # fmt: skip
+
+
+def _us(calls) -> float:
+    return time_torch(calls, samples=SAMPLES).median_us
+
+
+# ------------------------------------------------------------------------------ decode
+def decode_groups() -> dict[str, list[tuple[Case, bool]]]:
+    """group -> [(case, pages in order)]."""
+    anchor = decode_case(32, 4096, (32, 8))
+    many = decode_case(256, 4096, (4, 1))
+    mixed = mixed_case()
+    halves = [Case(f"{mixed.name}-{part}", "mixed", tuple(s for s in mixed.seqs if keep(s[0])))
+              for part, keep in (("decodes", lambda q: q == 1), ("prefills", lambda q: q > 1))]  # fmt: skip
+    rows = [anchor, decode_case(1, 65536, (32, 8)), decode_case(32, 1024, (32, 8)),
+            decode_case(8, 16384, (64, 8)), decode_case(32, 4096, (32, 32)),
+            decode_case(32, 4096, (32, 8), page_size=64),
+            decode_case(32, 4096, (32, 8), head_dim=64),
+            decode_case(32, 4096, (32, 8), head_dim=256)]  # fmt: skip
+    dtypes = [dataclasses.replace(anchor, name=f"{anchor.name}-{short}", dtype=dtype)
+              for short, dtype in (("f16", "float16"), ("f32", "float32"))]  # fmt: skip
+    return {
+        "rows": [(c, False) for c in rows],
+        "layout": [(anchor, False), (anchor, True), (many, False), (many, True)],
+        "context": [(decode_case(32, n, (32, 8)), False) for n in (1024, 2048, 4096, 8192, 16384)],
+        "long": [(decode_case(b, n, (32, 8)), False) for b, n in LONG],
+        "dtypes": [(c, False) for c in dtypes],
+        "mixed": [(mixed, False), *((c, False) for c in halves)],
+    }
+
+
+def probe_decode(groups: list[str]) -> None:
+    import torch
+
+    known = decode_groups()
+    unknown = [g for g in groups if g not in known]
+    if unknown:
+        raise SystemExit(f"probe decode: unknown groups {unknown}; groups are {list(known)}")
+    read_gbps = measure_ceilings(True, SAMPLES)["read_gbps"]
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}; "
+          f"read {read_gbps:.0f} GB/s", flush=True)  # fmt: skip
+    print(f"{'case':52s} {'µs':>9s} {'again':>9s}  floor µs  fraction", flush=True)
+    for group in groups or ["rows"]:
+        for case, in_order in known[group]:
+            name = case.name + ("-inorder" if in_order else "")
+            calls = _calls(case, _copies(case, in_order))
+            first, again = _us(calls), _us(calls)
+            floor = case.bytes_needed() / (read_gbps * 1e3)
+            print(f"{name:52s} {first:9.1f} {again:9.1f}  {floor:8.1f}  {floor / first:.3f}",
+                  flush=True)  # fmt: skip
+            del calls
+            torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------ prefill
+def _sampled_rows(case: Case) -> list[tuple[int, int, int, list[int]]]:
+    """(sequence, its first query row, context, rows within it) to check: the first 64 and last
+    192 rows of up to 4 prefills, and every decode."""
+    out, start, prefills = [], 0, 0
+    for i, (q_len, ctx) in enumerate(case.seqs):
+        if q_len == 1:
+            out.append((i, start, ctx, [0]))
+        elif prefills < 4:
+            prefills += 1
+            rows = sorted(set(range(min(64, q_len))) | set(range(max(0, q_len - 192), q_len)))
+            out.append((i, start, ctx, rows))
+        start += q_len
+    return out
+
+
+def _reference_rows(c: dict, case: Case, seq: int, first: int, ctx: int, rows: list[int]):
+    """float32 attention of some rows of one sequence: [len(rows), Hq, D]."""
+    import torch
+
+    q_len = case.seqs[seq][0]
+    pages = c["block_tables"][seq, : -(-ctx // case.page_size)].long()
+    kv = c["kv_cache"][pages].reshape(-1, 2 * case.num_kv_heads, case.head_dim)[:ctx].float()
+    group = case.num_q_heads // case.num_kv_heads
+    k = kv[:, 0::2].repeat_interleave(group, dim=1)  # [ctx, Hq, D]
+    v = kv[:, 1::2].repeat_interleave(group, dim=1)
+    idx = torch.tensor(rows, device=kv.device)
+    q = c["query"][first + idx].float()  # [R, Hq, D]
+    logits = torch.einsum("rhd,khd->hrk", q, k) * scale_of(case)
+    pos = (ctx - q_len + idx)[:, None]
+    logits = logits.masked_fill(torch.arange(ctx, device=kv.device)[None, :] > pos, -math.inf)
+    return torch.einsum("hrk,khd->rhd", torch.softmax(logits, dim=-1), v)
+
+
+def _errors(c: dict, case: Case, outs: dict) -> dict[str, float]:
+    """Each output's relative L2 error against float32 on the sampled rows; sm90 against mma."""
+    import torch
+
+    parts: dict[str, list] = {name: [] for name in outs}
+    refs = []
+    for seq, first, ctx, rows in _sampled_rows(case):
+        refs.append(_reference_rows(c, case, seq, first, ctx, rows))
+        idx = torch.tensor(rows, device=refs[-1].device) + first
+        for name, out in outs.items():
+            parts[name].append(out[idx].float())
+    ref = torch.cat(refs)
+    errors = {name: rel_l2(torch.cat(p), ref) for name, p in parts.items()}
+    if "sm90" in outs and "mma" in outs:
+        errors["sm90-mma"] = rel_l2(outs["sm90"], outs["mma"])
+    return errors
+
+
+def probe_prefill(pattern: str, ours_only: bool) -> int:
+    import torch
+
+    if not ours.sm90_prefill_available() and not ours_only:
+        raise SystemExit("probe prefill: this GPU or library has no sm_90a prefill kernel")
+    kernels = ["auto"] if ours_only else ["sm90", "mma"]
+    read_gbps = measure_ceilings(True, SAMPLES)["read_gbps"]
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}; "
+          f"read {read_gbps:.0f} GB/s", flush=True)  # fmt: skip
+    cases = [prefill_case(b, n, d) for d in (128, 64, 256) for b, n in ((1, 8192), (8, 2048))]
+    cases = [c for c in (*cases, mixed_case()) if pattern in c.name]
+    head = "ours" if ours_only else "sm90"
+    lines = [f"| case | {head} µs | mma µs | SDPA µs | {head} TFLOP/s | mma / {head} | "
+             f"SDPA / {head} | floor fraction | rel. L2 vs float32: {' / '.join(kernels)} |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    inaccurate = []
+    for case in cases:
+        copies = _copies(case)
+        times, outs = {}, {}
+        for kernel in kernels:
+            ours.force_prefill_kernel(kernel)
+            outs[kernel] = _calls(case, copies)[0]()
+            times[kernel] = _us(_calls(case, copies))
+        ours.force_prefill_kernel("auto")
+        try:
+            times["sdpa"] = _us(prepare_torch_sdpa_contiguous(BenchEnv(True), case, copies).calls)
+        except NotApplicable:  # a ragged batch (the mixed one)
+            times["sdpa"] = None
+        errors = _errors(copies[0], case, outs)
+        inaccurate += [f"{case.name} {k}" for k, e in errors.items() if not e < 1e-2]
+        ours_us, mma, sdpa = times[kernels[0]], times.get("mma"), times["sdpa"]
+        floor = case.bytes_needed() / (read_gbps * 1e3) if case.kind == "mixed" else None
+
+        def fmt(x, spec=".1f"):
+            return "-" if x is None else format(x, spec)
+
+        lines.append(f"| {case.name} | {ours_us:.1f} | {fmt(mma)} | {fmt(sdpa)} | "
+                     f"{case.flops() / ours_us / 1e6:.0f} | {fmt(mma and mma / ours_us, '.3f')} | "
+                     f"{fmt(sdpa and sdpa / ours_us, '.3f')} | {fmt(floor and floor / ours_us, '.2f')} | "
+                     + " / ".join(f"{e:.1e}" for e in errors.values()) + " |")  # fmt: skip
+        print(lines[-1], flush=True)
+        del copies, outs
+        torch.cuda.empty_cache()
+    print("\n".join(["", *lines]))
+    print("accuracy: " + (f"OUT OF TOLERANCE (1e-2): {inaccurate}" if inaccurate
+                          else "every error below 1e-2"))  # fmt: skip
+    return 1 if inaccurate else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks probe",
+                                     description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[6:]))  # fmt: skip
+    sub = parser.add_subparsers(dest="probe", required=True)
+    decode = sub.add_parser("decode", help="decode shapes and groups")
+    decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")
+    prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
+    prefill.add_argument("--cases", default="", help="keep the cases whose name contains this")
+    prefill.add_argument("--ours-only", action="store_true", help="our op alone, its own choice")
+    args = parser.parse_args(argv)
+    if args.probe == "decode":
+        probe_decode(args.groups)
+        return 0
+    return probe_prefill(args.cases, args.ours_only)

@@ -1,1 +1,1 @@
-"""Benchmark harness: python -m benchmarks.run (see benchmarks/run.py)."""
+"""Benchmarks of xla_gpu_ops against its peers: `python -m benchmarks` (benchmarks/README.md)."""

@@ -62,25 +62,27 @@ def _run(argv: list[str]) -> int:
 
 def _report(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks report",
-                                     description="print the table of a finished run")  # fmt: skip
-    parser.add_argument("results", type=Path, help="a run's folder or its results.json")
-    parser.add_argument("--compact", action="store_true", help="the one-line-per-case summary")
+                                     description="print the table of a run or a record")  # fmt: skip
+    parser.add_argument(
+        "results", type=Path, help="a run's or a record's folder, or its results.json"
+    )
     args = parser.parse_args(argv)
     path = args.results / "results.json" if args.results.is_dir() else args.results
-    results = report.load(path)
-    print(report.compact(results) if args.compact else report.markdown(results))
+    print(report.table(report.load(path)))
     return 0
 
 
-def _record(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks record",
+def _publish(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks publish",
                                      description=record.__doc__.splitlines()[0])  # fmt: skip
-    parser.add_argument("run_dir", type=Path, help="the output folder of a GPU run")
+    parser.add_argument("run_dir", type=Path, help="the folder of a GPU run")
     parser.add_argument("--fill-skipped", type=Path, default=None, metavar="RUN_DIR2",
                         help="a run of the same commit with the cases RUN_DIR skipped at its time limit")  # fmt: skip
+    parser.add_argument("--results-dir", type=Path, default=record.RESULTS_DIR,
+                        help="where the records are (default: benchmarks/results)")  # fmt: skip
     args = parser.parse_args(argv)
-    dest = record.file_record(args.run_dir, fill_dir=args.fill_skipped)
-    print(f"record written to {dest}; RESULTS.md updated")
+    dest = record.publish(args.run_dir, args.results_dir, fill_dir=args.fill_skipped)
+    print(f"record written to {dest}; {args.results_dir / 'RESULTS.md'} made again")
     return 0
 
 
@@ -132,8 +134,8 @@ def _worker(argv: list[str]) -> int:
 # name: (what it does, handler); "run" is the default. The worker is the runner's own process.
 COMMANDS = {
     "run": ("the benchmark (a CPU smoke run without a GPU)", _run),
-    "report": ("print the table of a finished run", _report),
-    "record": ("file a GPU run as the repository's record", _record),
+    "publish": ("make a GPU run the record of its GPU kind (benchmarks/results/)", _publish),
+    "report": ("print the table of a run or a record", _report),
     "flashinfer": ("FlashInfer's kernels: status, prebuild, export- / import-cache", _flashinfer),
     "fp8-decode": ("fp8 against 16-bit KV cache decode, ours and FlashInfer's", fp8_decode.main),
     "multi-gpu": ("paged attention sharded by KV head on 1, 2, 4 GPUs", multi_gpu.main),

@@ -32,7 +32,7 @@ from benchmarks.runners import NotApplicable, Runner, canon
 
 PIN = "flashinfer-python==0.6.13"
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
-MAX_PART_BYTES = 15 << 20  # files handed back from a GPU host stay below 16 MB each
+MAX_PART_BYTES = 15 << 20  # a large kernel cache is written in parts of at most this size
 MODULE_FILE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)/\1\.so$")  # no "..": stays in its dir
 
 

@@ -6,21 +6,21 @@
 #        [-- ARGS for python -m benchmarks run]
 #
 # Needs python3 with torch and jax (CUDA), and the library (`nox -s build`, or --library FILE).
-# --wheels DIR (default .whl): every *.whl there is installed without dependencies and without a
-#   network into CACHE/site (e.g. flashinfer-python 0.6.13, apache-tvm-ffi, nvidia-ml-py, einops,
-#   tabulate, click, torchax); without them the FlashInfer rows say "not installed".
+# --wheels DIR (default .whl, wheels carried to a host without network): every *.whl there is
+#   installed without dependencies into CACHE/site (flashinfer-python 0.6.13, apache-tvm-ffi,
+#   nvidia-ml-py, einops, tabulate, click; torchax); without them FlashInfer's rows say so.
 # --cache-dir DIR (default ~/.cache/xla-gpu-ops-bench): the installed wheels and FlashInfer's JIT
 #   workspace (FLASHINFER_WORKSPACE_BASE), kept for the next run on the same host.
 # --flashinfer-cache FILE: FlashInfer kernels compiled by an earlier run (its
 #   flashinfer-jit-cache.tar.xz, or .part0, .part1, ...); default: the newest one in --wheels DIR.
-#   Without it FlashInfer first compiles its kernels (minutes; they are written back to DIR).
+#   Without it FlashInfer first compiles its kernels (minutes).
 # --budget SECONDS (default 540, --quick 235): wall time for the whole script; cases past it are
 #   skipped and recorded as such.
 # --prepare-only: install, import or build FlashInfer's kernels, write the cache file, stop.
-# DIR (default artifacts/bench/<UTC time>) receives at most 8 files: results.json, table.md,
-# plot.png, env.json, workers.log, run.log and flashinfer-jit-cache.tar.xz (or its parts).
-# `python -m benchmarks record DIR` files the run as the repository's record; the commit comes from
-# git, or from XLA_GPU_OPS_GIT_COMMIT where the copy has no .git. The compact table prints last.
+# DIR (default artifacts/bench/<UTC time>, git-ignored) receives the run (results.json, table.md,
+# plot.png, workers.log), run.log and flashinfer-jit-cache.tar.xz; the table prints last.
+# `python -m benchmarks publish DIR` makes the run the record of its GPU kind. The commit comes
+# from git, or from XLA_GPU_OPS_GIT_COMMIT where the copy has no .git.
 set -uo pipefail
 start=$(date +%s)
 
@@ -37,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --library) library=$2; shift ;;
     --budget) budget=$2; shift ;;
     --) shift; run_args=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_bench.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
   esac
   shift
@@ -115,7 +115,7 @@ else
   # H200), the files and the cache file
   left=$(( budget - ($(date +%s) - start) - (quick ? 35 : 60) ))
   (( left > 60 )) || left=60
-  # the whole output goes to run.log; the terminal gets progress lines, then the compact table
+  # the whole output goes to run.log; the terminal gets progress lines, then the table
   python3 -m benchmarks run "${quick_flag[@]}" --out "$out" --time-limit "$left" --no-progress \
     "${run_args[@]}" 2>&1 | tee -a "$log" \
     | grep -E --line-buffered "^\[[0-9]+/[0-9]+\]|^FlashInfer|^measuring|GB/s, copy|worker|Error|error:"
@@ -126,6 +126,6 @@ fi
 say "== exit status $status after $(( $(date +%s) - start )) s; files in $out: $(ls "$out" | tr '\n' ' ')"
 if [[ -f $out/results.json ]] && (( ! prepare_only )); then
   echo
-  python3 -m benchmarks report --compact "$out/results.json"
+  python3 -m benchmarks report "$out"
 fi
 exit "$status"

@@ -95,6 +95,10 @@ def decode_groups() -> dict[str, list[tuple[Case, bool]]]:
     }
 
 
+def decode_row(name: str, first: float, again: float, floor: float) -> str:
+    return f"{name:52s} {first:9.1f} {again:9.1f}  {floor:8.1f}  {floor / first:.3f}"
+
+
 def probe_decode(groups: list[str]) -> None:
     import torch
 
@@ -111,8 +115,7 @@ def probe_decode(groups: list[str]) -> None:
             name = case.name + ("-inorder" if in_order else "")
             calls = _calls(case, _copies(case, in_order))
             first, again = _us(calls), _us(calls)
-            floor = case.bytes_needed() / (read_gbps * 1e3)
-            print(f"{name:52s} {first:9.1f} {again:9.1f}  {floor:8.1f}  {floor / first:.3f}",
+            print(decode_row(name, first, again, case.bytes_needed() / (read_gbps * 1e3)),
                   flush=True)  # fmt: skip
             del calls
             torch.cuda.empty_cache()

@@ -1,12 +1,14 @@
-"""Verdicts against the targets, the tables and the plot of a results dict.
+"""Verdicts against the targets, the table and the plot of a run's or a record's results.
 
-`python -m benchmarks report RUN_DIR` prints the table of a finished run. Targets are verdicts
-here, never assertions in tests; a CPU smoke run gets no verdicts.
+Both forms of results.json (a run's, and the compact one of a record) hold what these need.
+`python -m benchmarks report RUN_DIR` prints the table. Targets are verdicts here, never
+assertions in tests; a CPU smoke run gets no verdicts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from benchmarks.cases import ANCHOR
@@ -121,8 +123,7 @@ def _with_note(entry: dict, limit_us: float, what: str) -> tuple[float, float, s
 def _floor_verdict(record: dict, entry: dict, target: float) -> str:
     """Floor fraction at our verdict time (_ours_us) against target."""
     ours, note = _ours_us(entry)
-    frac = record["floor_us"] / ours if note else entry["frac_floor"]
-    return _frac_verdict(frac, target, record["floor_us"], note)
+    return _frac_verdict(record["floor_us"] / ours, target, record["floor_us"], note)
 
 
 def verdicts(results: dict) -> list[dict]:
@@ -198,14 +199,14 @@ def verdicts(results: dict) -> list[dict]:
 # ------------------------------------------------------------------------------ the record
 def baseline_rows(results_json: Path) -> dict:
     """What a later run compares with: device, commit and our primary median per case."""
-    data = json.loads(Path(results_json).read_text())
+    data = load(results_json)
     rows = {}
     for record in data.get("cases", []):
         best = primary(record) if not record.get("skipped") else None
         if best is not None:
             rows[record["name"]] = {"impl": best[0], "median_us": best[1]["median_us"]}
     env = data.get("env") or {}
-    return {"path": str(results_json), "device": (env.get("gpu") or {}).get("name"),
+    return {"device": (env.get("gpu") or {}).get("name"),
             "commit": env.get("git_commit"), "date_utc": env.get("date_utc"),
             "read_gbps": (data.get("ceilings") or {}).get("read_gbps"), "rows": rows}  # fmt: skip
 
@@ -310,68 +311,59 @@ def _overhead_verdict(record: dict) -> str:
     return f"{head}: " + "; ".join(parts)
 
 
-def per_call_section(results: dict) -> list[str]:
-    """Per-call detail of ours where measured: wall, slope, device timestamps, graph capture."""
-    rows = []
-    for record in results["cases"]:
-        for name, e in record.get("impls", {}).items():
-            if e.get("status") != "ok" or not any(
-                k in e for k in ("slope_us", "device", "command_buffer")
-            ):
-                continue
-            dev = e.get("device") or {}
-            cb = e.get("command_buffer") or {}
-            dev_text = (
-                f"{dev['span_us']:.1f} / {dev['busy_us']:.1f} / {dev['idle_us']:.1f}"
-                if "span_us" in dev
-                else dev.get("error", "-")
-            )
-            names = ", ".join(f"{k} ×{v}" for k, v in (dev.get("names") or {}).items())
-            cb_text = "-"
-            if cb:
-                cb_text = (f"{cb.get('captured')} ({cb.get('custom_calls_in_command_buffer', '?')}"
-                           f" in / {cb.get('custom_calls_outside', '?')} outside; "
-                           f"{cb.get('file', cb.get('error', ''))})")  # fmt: skip
-            rows.append(
-                f"| {record['name']} | {name} | {e['median_us']:.1f} | "
-                f"{_fmt(e.get('slope_us'))} | {dev_text} | {names or '-'} | {cb_text} |"
-            )
-    if not rows:
-        return []
-    return [
-        "",
-        "## Per call: wall, slope, device timestamps, CUDA graph",
-        "",
-        "wall = the table's median; slope = (2N-call program − N-call program) / N (fixed per-"
-        "program costs cancel); device = span / busy / idle µs per call from the GPU's own "
-        "timestamps (jax profiler, CUPTI; torch: eager loop, so idle there is launch-bound); "
-        "in CUDA graph = custom-call thunks inside a kCommandBuffer thunk in XLA's thunk dump.",
-        "",
-        "| case | impl | wall µs | slope µs | device span / busy / idle µs | device activities |"
-        " in CUDA graph |",
-        "|---|---|---:|---:|---|---|---|",
-        *rows,
-    ]
+# ------------------------------------------------------------------------------ the table
+# Column heads of the implementations, in column order; FlashInfer's decode and prefill wrappers
+# share one column. Any other implementation that ran gets a column after these.
+COLUMNS = {
+    "xgo_torch": "ours: torch op",
+    "xgo_torch_nograph": "torch op, eager loop",
+    "xgo_jax_graph": "JAX, CUDA graph",
+    "xgo_jax_nograph": "JAX, no graph",
+    "xgo_torchax": "torchax",
+    "reference": "reference (CPU)",
+    "torch_sdpa_contiguous": "SDPA, contiguous",
+    "torch_gather_sdpa": "gather + SDPA",
+    "torch_flex_paged": "FlexAttention",
+    "jax_pallas_paged": "Pallas",
+    "jax_composite": "XLA composite",
+    "flashinfer": "FlashInfer",
+}
+LEGEND = (
+    "µs per call: the median, then ± half the p10-p90 spread in % of it; ours twice (the second "
+    "timing after the /); `-`: not run on this row (slow peers run on the anchor and the key "
+    "rows, FlexAttention on the anchor), n/a: does not cover it. floor = the bytes the op must "
+    "move / the read bandwidth measured in the run; floor frac = floor / our first timing. "
+    "vs peers: relative L2 error of our output against FlashInfer's and SDPA's (every output is "
+    "also checked against a higher-precision reference). vs record: our time against the "
+    "record's (decode and mixed rows at its read bandwidth). FlashInfer plans on the host "
+    "(`plan()`, untimed: its design); ours has no host plan. Verdicts judge the slower timing."
+)
 
 
-# ------------------------------------------------------------------------------ tables
 def _fmt(x, spec=".1f", none="-"):
     return none if x is None else format(x, spec)
 
 
-def _header(results: dict) -> list[str]:
-    env, ceil = results["env"], results["ceilings"]
-    device = (env.get("gpu") or {}).get("name") or f"CPU smoke run ({env.get('cpu')})"
-    library = (env.get("library") or {}).get("sha256", "not built")[:12]
-    return [
-        f"# Benchmark: {device} — {env['date_utc']} — {env.get('mode')}",
-        "",
-        f"torch {env['torch']} · jax {env['jax']} · FlashInfer {env.get('flashinfer') or 'not installed'}"
-        f" · commit {env['git_commit']} · driver {env.get('driver', '-')} · library {library}",
-        "",
-        f"Ceilings measured in this run: read {ceil['read_gbps']:.4g} GB/s · copy {ceil['copy_gbps']:.4g} GB/s "
-        f"(read + write) · {ceil['matmul_dtype']} matmul {ceil['matmul_tflops']:.4g} TFLOP/s.",
-    ]
+def _column(name: str) -> str:
+    return "flashinfer" if name.startswith("flashinfer") else name
+
+
+def frac_floor(record: dict, entry: dict) -> float | None:
+    return record["floor_us"] / entry["median_us"] if record.get("floor_us") else None
+
+
+def _cell(entry: dict) -> str:
+    status = entry.get("status")
+    if status != "ok":
+        return {"skipped": "-", "n/a": "n/a"}.get(status, str(status).upper())
+    median = entry["median_us"]
+    text = f"{median:.1f}"
+    if entry.get("median_us_repeat") is not None:
+        text += f" / {entry['median_us_repeat']:.1f}"
+    text += f" ±{50 * (entry['p90_us'] - entry['p10_us']) / median:.1f}%"
+    if entry.get("check") not in (None, "ok"):
+        text += f" {entry['check']}"
+    return text
 
 
 def _cross_text(record: dict) -> str:
@@ -396,127 +388,113 @@ def _short_target(target: str) -> str:
     return target
 
 
-def compact(results: dict) -> str:
-    """One line per case: ours, FlashInfer, SDPA, the floor fraction, the checks, the verdicts."""
+def _judged(rows: list[dict]) -> str:
+    if not rows:
+        return "-"
+    return "; ".join(f"{_short_target(v['target'])}: {v['verdict']}" for v in rows)
+
+
+def verdict_counts(verdict_rows: list[dict]) -> dict[str, int]:
+    """met / missed / other (not judged, skipped) over the per-case verdicts."""
+    counts = {"met": 0, "missed": 0, "other": 0}
+    for v in verdict_rows:
+        if v["case"] != "all rows":
+            text = v["verdict"]
+            counts["met" if text.startswith("met") else "missed" if text.startswith("MISSED")
+                   else "other"] += 1  # fmt: skip
+    return counts
+
+
+def table(results: dict) -> str:
+    """The run in one table: a row per case, a column per implementation, then the verdicts."""
+    env, ceil = results["env"], results["ceilings"]
+    device = (env.get("gpu") or {}).get("name") or f"CPU smoke run ({env.get('cpu')})"
+    judged = verdicts(results)
     by_case: dict[str, list[dict]] = {}
-    for v in results.get("verdicts", []):
+    for v in judged:
         by_case.setdefault(v["case"], []).append(v)
     versus = compare_with_record(results)
-    env = results["env"]
-    device = (env.get("gpu") or {}).get("name") or "CPU smoke run"
-    lines = [f"{device} · commit {str(env['git_commit'])[:12]} · {env['date_utc']} · "
-             f"read {results['ceilings']['read_gbps']:.0f} GB/s", "",
-             "| case | ours µs | FlashInfer µs | SDPA µs | FI/ours | floor frac | ours vs peers "
-             "| vs record | verdicts |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---|"]  # fmt: skip
-    for record in results["cases"]:
+    kernel_rows = [r for r in results["cases"] if r["kind"] != "host_cost"]
+    ran = {_column(n) for r in kernel_rows for n, e in r.get("impls", {}).items()
+           if e.get("status") == "ok"}  # fmt: skip
+    columns = [c for c in COLUMNS if c in ran] + sorted(ran - set(COLUMNS))
+    lines = [
+        f"# Benchmark: {device}, {env['date_utc']}, commit {str(env['git_commit'])[:12]}",
+        "",
+        f"{env.get('mode')} run · torch {env.get('torch')} · jax {env.get('jax')} · FlashInfer "
+        f"{env.get('flashinfer') or 'not installed'} · driver {env.get('driver', '-')} · library "
+        f"{str((env.get('library') or {}).get('sha256', 'not built'))[:12]} · read "
+        f"{ceil['read_gbps']:.4g} GB/s, copy {ceil['copy_gbps']:.4g} GB/s (read + write), "
+        f"{ceil['matmul_dtype']} matmul {ceil['matmul_tflops']:.4g} TFLOP/s",
+        "",
+        "| case | floor µs | " + " | ".join(COLUMNS.get(c, c) for c in columns)
+        + " | floor frac | vs peers | vs record | verdicts |",
+        "|---|---:|" + "---:|" * len(columns) + "---:|---|---:|---|",
+    ]  # fmt: skip
+    for record in kernel_rows:
         if record.get("skipped"):
-            lines.append(f"| {record['name']} | skipped: {record['skipped'][:60]} | | | | | | | |")
+            empty = " |" * (len(columns) + 4)
+            lines.append(f"| {record['name']} | -{empty} skipped: {record['skipped']} |")
             continue
+        cells = {c: "" for c in columns}
+        for name, entry in record["impls"].items():
+            if _column(name) in cells and (entry.get("status") == "ok" or not cells[_column(name)]):
+                cells[_column(name)] = _cell(entry)
         best = primary(record)
-        if best is None:
-            lines.append(f"| {record['name']} | none of ours ran | | | | | | | |")
-            continue
-        fi = _peer(record, FLASHINFER)
-        sdpa = _peer(record, SDPA)
-        ratio = fi[1]["median_us"] / best[1]["median_us"] if fi else None
-        rows = by_case.get(record["name"], [])
-        missed = [_short_target(v["target"]) for v in rows if v["verdict"].startswith("MISSED")]
-        met = sum(v["verdict"].startswith("met") for v in rows)
-        if not rows:
-            judged = "-"
-        elif missed:
-            judged = f"MISSED: {'; '.join(missed)}"
-        else:
-            judged = f"{met} met" + (f", {len(rows) - met} not judged" if len(rows) > met else "")
         change = versus.get(record["name"])
         lines.append(
-            f"| {record['name']} | {best[1]['median_us']:.1f} | {_fmt(fi and fi[1]['median_us'])} | "
-            f"{_fmt(sdpa and sdpa[1]['median_us'])} | {_fmt(ratio, '.2f')} | "
-            f"{_fmt(best[1].get('frac_floor'), '.2f')} | {_cross_text(record)} | "
-            f"{_fmt(change and change['change_pct'], '+.1f')}{'%' if change else ''} | {judged} |"
+            f"| {record['name']} | {_fmt(record.get('floor_us'))} | "
+            + " | ".join(cells[c] or "-" for c in columns)
+            + f" | {_fmt(best and frac_floor(record, best[1]), '.2f')} | {_cross_text(record)} | "
+            f"{_fmt(change and change['change_pct'], '+.1f')}{'%' if change else ''} | "
+            f"{_judged(by_case.get(record['name'], []))} |"
         )
-    summary = [v for v in results.get("verdicts", []) if v["case"] == "all rows"]
-    lines += ["", *(f"{v['target']}: {v['verdict']}" for v in summary)]
-    if not results.get("verdicts"):
-        lines.append("No verdicts: a CPU smoke run checks the harness code paths, not speed.")
-    host = next((r for r in results["cases"] if r["kind"] == "host_cost" and not r.get("skipped")),
-                None)  # fmt: skip
-    if host:
-        parts = [f"{n} {e['median_us']:.1f}" if e.get("status") == "ok" else f"{n} {e.get('status')}"
-                 for n, e in host["impls"].items()]  # fmt: skip
-        lines.append(f"Eager host µs per call ({host['name']}): " + " · ".join(parts))
+    lines += ["", *summary(results)]
+    # one line per kind of timing: the counts of calls per sample vary by case
+    kinds = dict.fromkeys(re.sub(r"\d+ programs x \d+ chained", "N programs x M chained", m)
+                          for m in results.get("methods") or methods(results))  # fmt: skip
+    lines += ["", LEGEND, "", "Timing: " + "; ".join(kinds) + f". Ceilings: {ceil['read_method']}; "
+              f"{ceil['copy_method']}; {ceil['matmul_method']}.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
-def markdown(results: dict) -> str:
-    lines = [
-        *_header(results),
-        "Floor = bytes the op must move / measured read bandwidth; frac = floor / median. "
-        "µs are medians per call; spread p10–p90. `vs ours` = peer time / our time (> 1: ours faster). "
-        "FlashInfer plans on the host (plan(), untimed, its design); ours has no host plan.",
-        "",
-        "## Summary",
-        "",
-        compact(results),
-        "",
-        "## Verdicts",
-        "",
-    ]
-    if results.get("verdicts"):
-        lines += ["| case | ours (impl) | median µs | target | verdict |", "|---|---|---:|---|---|"]
-        for v in results["verdicts"]:
-            lines.append(f"| {v['case']} | {v.get('impl', '-')} | {_fmt(v.get('median_us'))} | "
-                         f"{v['target']} | {v['verdict']} |")  # fmt: skip
+def summary(results: dict) -> list[str]:
+    """The verdict counts, the comparison with the record, the host cost and what failed."""
+    judged = verdicts(results)
+    if not judged:
+        lines = ["No verdicts: a CPU smoke run checks the harness code paths, not speed."]
     else:
-        lines.append("None: a CPU smoke run checks the harness code paths, not speed.")
-    lines += [
-        "",
-        "## All measurements",
-        "",
-        "| case | impl | status | median µs | p10–p90 µs | GB/s | TFLOP/s | frac floor | vs ours | check | noise |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+        counts = verdict_counts(judged)
+        lines = [f"Verdicts: {counts['met']} met, {counts['missed']} missed"
+                 + (f", {counts['other']} not judged or skipped." if counts["other"] else ".")]  # fmt: skip
+        lines += [f"{v['target']}: {v['verdict']}." for v in judged if v["case"] == "all rows"]
     for record in results["cases"]:
-        if record.get("skipped"):
-            lines.append(f"| {record['name']} | - | skipped: {record['skipped']} | | | | | | | | |")
-            continue
-        best = primary(record)
-        ours_us = best[1]["median_us"] if best else None
-        floor = (record["name"] if record["kind"] == "host_cost"
-                 else f"{record['name']} (floor {record['floor_us']:.1f} µs)")  # fmt: skip
-        for name, e in record["impls"].items():
-            if e.get("status") != "ok":
-                lines.append(
-                    f"| {floor} | {name} | {e.get('status')}: {e.get('reason', '')} | | | | | | | | |"
-                )
-                continue
-            vs = e["median_us"] / ours_us if ours_us and e["role"] == "peer" else None
-            check = e.get("check", "yardstick" if record.get("check_against") == name else "-")
-            if "rel_l2_err" in e:
-                check += f" ({e['rel_l2_err']:.1e})"
-            lines.append(
-                f"| {floor} | {name} | ok | {e['median_us']:.1f} | {e['p10_us']:.1f}–{e['p90_us']:.1f} | "
-                f"{_fmt(e.get('gbps'), '.4g')} | {_fmt(e.get('tflops'), '.3g')} | "
-                f"{_fmt(e.get('frac_floor'), '.2f')} | {_fmt(vs, '.2f')} | "
-                f"{check} | {_fmt(e.get('noise_pct'), '.1f')}{'%' if 'noise_pct' in e else ''} |"
-            )
-    lines += per_call_section(results)
-    ceil = results["ceilings"]
-    lines += ["", "## Timing methods", ""]
-    methods = sorted({e["method"].split(";")[0] for r in results["cases"] for e in r["impls"].values()
-                      if e.get("status") == "ok"})  # fmt: skip
-    lines += [f"- {m}" for m in methods]
-    lines += [f"- read: {ceil['read_method']}", f"- copy: {ceil['copy_method']}",
-              f"- matmul: {ceil['matmul_method']}", ""]  # fmt: skip
-    return "\n".join(lines)
+        if record["kind"] == "host_cost" and not record.get("skipped"):
+            parts = [f"{n} {_cell(e)}" for n, e in record["impls"].items()]
+            rows = [v for v in judged if v["case"] == record["name"]]
+            lines.append(f"Eager host µs per call ({record['name']}): " + " · ".join(parts)
+                         + (f"; {_judged(rows)}." if rows else "."))  # fmt: skip
+    lines += [f"Failed: {r['name']} {n}: {e.get('reason', '')}" for r in results["cases"]
+              for n, e in r.get("impls", {}).items() if e.get("status") == "failed"]  # fmt: skip
+    return lines
+
+
+def methods(results: dict) -> list[str]:
+    """The timing methods the run used (without their per-case repeat counts)."""
+    return sorted({e["method"].split(";")[0] for r in results["cases"]
+                   for e in r.get("impls", {}).values()
+                   if e.get("status") == "ok" and "method" in e})  # fmt: skip
 
 
 def plot(results: dict, path: Path) -> None:
+    """Each implementation's floor fraction and µs per case (a small palette PNG)."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from PIL import Image
 
     cases = [r for r in results["cases"]
              if not r.get("skipped") and r["kind"] not in ("simple_add", "host_cost")]  # fmt: skip
@@ -526,32 +504,36 @@ def plot(results: dict, path: Path) -> None:
         for name, e in r["impls"].items():
             if e.get("status") == "ok" and name not in impl_names:
                 impl_names.append(name)
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(max(8, 0.45 * len(names) + 4), 10), sharex=True
-    )
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.3 * len(names) + 4), 8),
+                                      sharex=True)  # fmt: skip
     xs = range(len(names))
     markers = "os^vD<>pPX*h"
 
-    def values(impl, key):
-        return [r["impls"].get(impl, {}).get(key) if r["impls"].get(impl, {}).get("status") == "ok"
+    def values(impl, get):
+        return [get(r, r["impls"][impl]) if r["impls"].get(impl, {}).get("status") == "ok"
                 else None for r in cases]  # fmt: skip
 
     for k, impl in enumerate(impl_names):
-        for axis, key in ((top, "frac_floor"), (bottom, "median_us")):
-            pts = [(x, y) for x, y in zip(xs, values(impl, key), strict=True) if y is not None]
+        for axis, get in ((top, frac_floor), (bottom, lambda r, e: e["median_us"])):
+            pts = [(x, y) for x, y in zip(xs, values(impl, get), strict=True) if y is not None]
             if pts:
-                axis.plot(*zip(*pts, strict=True), markers[k % len(markers)], label=impl, alpha=0.8)
+                axis.plot(*zip(*pts, strict=True), markers[k % len(markers)], label=impl,
+                          alpha=0.8, markersize=4)  # fmt: skip
     top.axhline(1.0, color="k", lw=0.8)
     top.axhline(0.92, color="g", ls="--", lw=0.8, label="target 0.92 (decode ≥ 4k)")
     top.set_ylabel("fraction of read-bandwidth floor")
     top.set_ylim(bottom=0)
-    top.legend(fontsize=7, ncol=3)
+    top.legend(fontsize=6, ncol=4)
     device = ((results["env"].get("gpu") or {}).get("name")) or "CPU smoke run"
-    top.set_title(f"{device}: fraction of the bytes floor (higher is better)")
+    top.set_title(f"{device}: fraction of the bytes floor (higher is better)", fontsize=9)
     bottom.set_yscale("log")
     bottom.set_ylabel("median µs per call (log)")
     bottom.set_xticks(list(xs))
-    bottom.set_xticklabels(names, rotation=75, ha="right", fontsize=7)
+    bottom.set_xticklabels(names, rotation=75, ha="right", fontsize=5)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=80)
     plt.close(fig)
+    # 64 colours: a third of the bytes of full colour, the same picture
+    image = Image.open(buffer).convert("RGB").quantize(64)
+    image.save(path, optimize=True)

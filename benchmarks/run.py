@@ -2,10 +2,11 @@
 
 On a GPU: measures the device's read / copy bandwidth and bf16 matrix rate, then every case for
 every implementation available (benchmarks/peers.py, FlashInfer where installed), and writes
-results.json, table.md, plot.png, env.json and workers.log to the run's folder (default
-artifacts/bench/<date>-<device>-<commit>/). Without a GPU it says so and runs the CPU smoke run
-(tiny shapes, host timings, no verdicts) into artifacts/bench-smoke/, so every harness code path
-is exercised. Timing method: benchmarks/timing.py.
+results.json (everything it measured and where), table.md, plot.png and workers.log to the run's
+folder, git-ignored: artifacts/bench/<date>-<device>-<commit>/ by default (`python -m benchmarks
+publish` makes a run the record of its GPU kind: benchmarks/record.py). Without a GPU it says so
+and runs the CPU smoke run (tiny shapes, host timings, no verdicts) into artifacts/bench-smoke/,
+so every harness code path is exercised. Timing method: benchmarks/timing.py.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
-def latest_record() -> Path | None:
-    """results.json of the committed record (benchmarks/results/<record>/), if there is one."""
-    found = sorted((ROOT / "benchmarks" / "results").glob("*/results.json"))
-    return found[-1] if found else None
+def write_run(results: dict, out_dir: Path) -> None:
+    """results.json (everything), table.md and plot.png of a run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out_dir / "table.md").write_text(report.table(results))
+    report.plot(results, out_dir / "plot.png")
 
 
 def prebuild_flashinfer(config: dict) -> dict | None:
@@ -73,7 +76,7 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
 
     isolate (default: on a GPU) runs the cases in worker processes, so that a device-side
     assert in one implementation costs that implementation only. baseline: results.json of the
-    record to compare with (default: the committed one).
+    record to compare with (default: the committed record of this GPU kind).
     """
     start = time.time()
     on_gpu = gpu_available() and not force_cpu
@@ -106,7 +109,7 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     results = {"env": env_info, "config": config, "ceilings": None, "cases": []}
     if on_gpu:
         results["flashinfer_prebuild"] = prebuild_flashinfer(config)
-        baseline = baseline or latest_record()
+        baseline = baseline or record.current_record(env_info)
         if baseline is not None and baseline.is_file():
             results["baseline"] = report.baseline_rows(baseline)
     if isolate:
@@ -121,9 +124,9 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
                 (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
         workers.run_cases(config, results["ceilings"], 0, {}, emit)
-    results["verdicts"] = report.verdicts(results)
     results["wall_s"] = time.time() - start
-    record.write_run(results, out_dir)
-    print(report.compact(results), flush=True)
-    print(f"results written to {out_dir} after {results['wall_s']:.0f} s", flush=True)
+    write_run(results, out_dir)
+    print("\n".join(report.summary(results)), flush=True)
+    print(f"results in {out_dir} after {results['wall_s']:.0f} s (table.md: every number)",
+          flush=True)  # fmt: skip
     return results

@@ -1,9 +1,10 @@
-"""The benchmark harness's CPU smoke run, in-process: it must write sane JSON, table and plot.
+"""The benchmark harness through its entry point: the CPU smoke run must write sane JSON, table
+and plot, and `publish` must turn a (made-up) GPU run into the compact record of its GPU kind.
 
 The smoke run uses tiny shapes and host timings; it checks the harness code paths, not speed, and
 judges no target. A planted failing implementation must be recorded as "failed: <reason>" without
 stopping the run. Also: FlashInfer's page metadata and kernel-cache files, the verdicts on a
-made-up GPU run, and filing a record.
+made-up GPU run, and the library A/B.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ torch = pytest.importorskip("torch", reason="the harness builds inputs with torc
 from benchmarks import (  # noqa: E402
     case_runner,
     cli,
+    environment,
     flashinfer_peer,
     host_cost,
     ours,
@@ -58,19 +60,19 @@ def smoke(tmp_path_factory):
         peers, "IMPLS", (*peers.IMPLS, peers.ImplSpec(PLANTED, "peer", peers.ALL, False, _planted))
     )
     try:
-        results = run.run_benchmark(out, force_cpu=True, samples=3, show_progress=False)
+        status = cli.main(["run", "--cpu", "--out", str(out), "--samples", "3", "--no-progress"])
     finally:
         mp.undo()
-    return out, results
+    assert status == 0
+    return out, report.load(out / "results.json")
 
 
 def test_smoke_writes_every_file(smoke):
-    out, _ = smoke
-    for name in ("results.json", "table.md", "plot.png", "env.json"):
-        assert (out / name).is_file(), name
+    out, results = smoke
+    assert {"results.json", "table.md", "plot.png"} <= {p.name for p in out.iterdir()}
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "plot.png").stat().st_size > 10_000
-    env = json.loads((out / "env.json").read_text())
+    env = results["env"]
     assert env["mode"] == "cpu-smoke"
     assert env["torch"] == torch.__version__
     assert env["date_utc"]
@@ -84,7 +86,7 @@ def test_smoke_json_is_sane(smoke):
     assert ceil["read_gbps"] > 0
     assert ceil["copy_gbps"] > 0
     assert ceil["matmul_tflops"] > 0
-    assert on_disk["verdicts"] == []  # a smoke run judges no target
+    assert report.verdicts(on_disk) == []  # a smoke run judges no target
     ok_count = 0
     for case in on_disk["cases"]:
         assert case["bytes"] > 0
@@ -149,25 +151,48 @@ def test_smoke_host_cost_row(smoke):
 
 
 def test_smoke_table_lists_cases_and_no_verdicts(smoke, capsys):
-    out, _ = smoke
+    out, results = smoke
     table = (out / "table.md").read_text()
-    assert "## Verdicts" in table
-    assert "## All measurements" in table
+    assert table == report.table(results)
     for case in smoke_cases():
         assert case.name in table
-    assert "failed: RuntimeError: planted failure" in table
+    assert f"Failed: smoke_decode_B4_ctx100_h4-2_d64_p16 {PLANTED}: RuntimeError: planted" in table
     assert "MISSED" not in table
     assert "met (" not in table
     assert "No verdicts" in table
+    # a row per kernel case, a column per implementation that ran
+    rows = [line for line in table.splitlines() if line.startswith("| smoke_")]
+    assert len(rows) == len(smoke_cases()) - 1  # the host-cost case has its own line
+    assert "Eager host µs per call (smoke_host_cost" in table
+    head = next(line for line in table.splitlines() if line.startswith("| case |"))
+    assert "reference (CPU)" in head
+    assert "SDPA, contiguous" in head
+    assert cli.main(["report", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
 
 
-def test_smoke_default_output_is_git_ignored():
+def test_a_smoke_run_is_not_published(smoke, tmp_path):
+    out, _ = smoke
+    with pytest.raises(SystemExit, match="a CPU smoke run is not a record"):
+        cli.main(["publish", str(out), "--results-dir", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
+
+
+def test_runs_write_into_git_ignored_folders():
     assert run.SMOKE_DIR.relative_to(run.ROOT).as_posix() == "artifacts/bench-smoke"
+    env = {"date_utc": "2026-11-23T00:00:00Z", "git_commit": "0123456789ab+dirty",
+           "gpu": {"name": "NVIDIA H100 80GB HBM3"}}  # fmt: skip
+    assert environment.run_name(env) == "2026-11-23-nvidia-h100-80gb-hbm3-0123456"
     if not (run.ROOT / ".git").exists():
         pytest.skip("no git checkout")
-    probe = subprocess.run(["git", "-C", str(run.ROOT), "check-ignore", "-q",
-                            "artifacts/bench-smoke/results.json"], check=False)  # fmt: skip
-    assert probe.returncode == 0, "artifacts/bench-smoke/ must be ignored by git"
+    for path in (
+        "artifacts/bench-smoke/results.json",
+        f"artifacts/bench/{environment.run_name(env)}/results.json",
+    ):
+        probe = subprocess.run(
+            ["git", "-C", str(run.ROOT), "check-ignore", "-q", path], check=False
+        )
+        assert probe.returncode == 0, f"{path} must be ignored by git"
 
 
 def test_smoke_runs_our_host_handler(smoke):
@@ -519,85 +544,136 @@ def test_record_comparison_needs_the_same_device():
     other = _gpu_results(device="NVIDIA H100 80GB HBM3")
     assert _verdict(other, "all rows", "record").startswith("not comparable")
     assert report.compare_with_record(other) == {}
-    text = report.compact(same)
-    assert "+12.5%" in text
+    text = report.table(_complete(same))
+    assert "| +12.5% |" in text
     assert "MISSED" in text
 
 
-def test_record_filing_keeps_one_record_and_lists_the_rest(tmp_path, monkeypatch):
-    results_dir = tmp_path / "results"
-    (results_dir / "2026-11-22-nvidia-h200-7411aa3").mkdir(parents=True)
-    (results_dir / "2026-11-22-nvidia-h200-7411aa3" / "table.md").write_text("old")
-    (results_dir / "RESULTS.md").write_text(
-        record.results_md(
-            ["| 2026-11-22-nvidia-h200-7411aa3 | NVIDIA H200 | 7411aa3 | old | [x/](x/) |"]
-        )
-    )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    results = _gpu_results()
-    results["env"].update(git_commit="0123456789abcdef", torch="2.11", jax="0.11.2", mode="full")
+def _complete(results):
+    """The rest of what a run's results hold (ceilings, methods): enough for its table."""
     results["ceilings"].update(copy_gbps=4000.0, matmul_tflops=700.0, matmul_dtype="bfloat16",
                                read_method="r", copy_method="c", matmul_method="m")  # fmt: skip
-    (run_dir / "results.json").write_text(json.dumps(results))
-    (run_dir / "flashinfer-jit-cache.tar.xz").write_bytes(b"not a record file")
-    monkeypatch.setattr(record, "_head_commit", lambda: "fedcba9")
-    dest = record.file_record(run_dir, results_dir)
-    assert dest.name == "2026-11-23-nvidia-h200-0123456"
-    assert sorted(p.name for p in results_dir.iterdir()) == [dest.name, "RESULTS.md"]
-    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "results.json"]
-    rows = record._table_rows((results_dir / "RESULTS.md").read_text())
-    assert rows[0].startswith(f"| {dest.name} | NVIDIA H200 | 0123456 |")
-    assert rows[1].endswith("| git history, last in the tree at fedcba9 |")
-    assert "MISSED" in (dest / "README.md").read_text()  # its verdict summary
+    for case in results["cases"]:
+        for entry in case["impls"].values():
+            entry.update(method="torch CUDA-graph replay, CUDA events; 8 calls", samples=25)
+    return results
 
 
-def test_record_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_path, monkeypatch):
+def _gpu_run(tmp_path, name="run", device="NVIDIA H200", **env):
+    """A made-up GPU run's folder, as `run` writes it."""
+    results = _complete(_gpu_results(device=device))
+    results["env"].update({"git_commit": "0123456789abcdef", "torch": "2.11", "jax": "0.11.2",
+                           "mode": "full", "host": "a host",
+                           "library": {"path": "/a/local/path.so", "sha256": "f8fc"}, **env})  # fmt: skip
+    results["config"] = {"quick": False, "samples": 25, "log_path": "/a/local/workers.log"}
+    results["baseline"]["path"] = "/a/local/results.json"
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (run_dir / "run.log").write_text("logs stay with the run")
+    return run_dir, results
+
+
+def test_publish_writes_the_compact_record_of_the_gpu_kind(tmp_path):
+    results_dir = tmp_path / "results"
+    run_dir, results = _gpu_run(tmp_path)
+    assert cli.main(["publish", str(run_dir), "--results-dir", str(results_dir)]) == 0
+    dest = results_dir / "nvidia-h200"
+    assert sorted(p.name for p in dest.iterdir()) == sorted(record.RECORD_FILES)
+    text = (dest / "results.json").read_text()
+    published = json.loads(text)
+    assert published == record.compact(results)
+    assert record.compact(published) == published  # publishing a record again changes nothing
+    # one top-level key per line, one case per line
+    assert len(text.splitlines()) == len(published) + len(published["cases"]) + 3
+    assert "/a/local" not in text  # a run's local paths stay out of the record
+    assert "host" not in published["env"]
+    assert published["verdicts"] == report.verdict_counts(report.verdicts(results))
+    # the record holds what the table, the plot and the verdicts need: they come out the same
+    assert report.verdicts(published) == report.verdicts(results)
+    assert (dest / "table.md").read_text() == report.table(published) == report.table(results)
+    assert (dest / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    readme = (dest / "README.md").read_text()
+    assert readme.startswith("# Benchmark record: NVIDIA H200")
+    assert "commit 0123456789abcdef" in readme
+    counts = published["verdicts"]
+    assert f"verdicts {counts['met']} met, {counts['missed']} missed" in readme
+    assert "Against the record before it (commit 7411aa3" in readme
+    index = (results_dir / "RESULTS.md").read_text()
+    assert "| NVIDIA H200 | 2026-11-23 | 0123456 | 3 of 3 |" in index
+    assert "[nvidia-h200/](nvidia-h200/README.md)" in index
+    assert "git log" in index
+
+
+def test_publish_keeps_one_record_per_gpu_kind(tmp_path):
+    results_dir = tmp_path / "results"
+    h200, _ = _gpu_run(tmp_path, "h200")
+    h100, _ = _gpu_run(tmp_path, "h100", device="NVIDIA H100 80GB HBM3")
+    newer, _ = _gpu_run(tmp_path, "newer", git_commit="fedcba9876543210")
+    record.publish(h200, results_dir)
+    (results_dir / "nvidia-h200" / "stale.txt").write_text("not a record file")
+    record.publish(h100, results_dir)
+    record.publish(newer, results_dir)  # replaces the H200 record, keeps the H100 one
+    assert sorted(p.name for p in results_dir.iterdir()) == [
+        "RESULTS.md", "nvidia-h100-80gb-hbm3", "nvidia-h200"]  # fmt: skip
+    assert sorted(p.name for p in (results_dir / "nvidia-h200").iterdir()) == sorted(
+        record.RECORD_FILES
+    )
+    assert report.load(results_dir / "nvidia-h200" / "results.json")["env"]["git_commit"] == (
+        "fedcba9876543210"
+    )
+    rows = [line for line in (results_dir / "RESULTS.md").read_text().splitlines()
+            if line.startswith("| NVIDIA")]  # fmt: skip
+    assert [row.split(" | ")[2] for row in rows] == ["0123456", "fedcba9"]
+    # a run compares itself with the record of its own GPU kind
+    env = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}
+    assert record.current_record(env, results_dir) == (
+        results_dir / "nvidia-h100-80gb-hbm3" / "results.json"
+    )
+    assert record.current_record({"gpu": {"name": "NVIDIA B200"}}, results_dir) is None
+    assert record.current_record({"gpu": None}, results_dir) is None
+
+
+def test_publish_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_path, monkeypatch):
     """Only time-limit skips are filled, only from a run of the same commit, device and library;
     the verdicts are made again from the joined cases."""
     results_dir = tmp_path / "results"
-    results_dir.mkdir()
-    first, second = _gpu_results(), _gpu_results()
-    for results in (first, second):
-        results["env"].update(git_commit="0123456789abcdef", library={"sha256": "f8fc"}, mode="full",
-                          torch="2.11", jax="0.11.2")  # fmt: skip
-        results["ceilings"].update(copy_gbps=4000.0, matmul_tflops=700.0, matmul_dtype="bfloat16",
-                               read_method="r", copy_method="c", matmul_method="m")  # fmt: skip
-        for case in results["cases"]:
-            for entry in case["impls"].values():
-                entry["method"] = "graph replay"
+    monkeypatch.setattr(report, "plot", lambda results, path: path.write_bytes(b"png"))
+    first_dir, first = _gpu_run(tmp_path, "run")
+    fill_dir, second = _gpu_run(tmp_path, "fill")
     prefill = first["cases"][1]
     first["cases"][1] = {**{k: prefill[k] for k in ("name", "kind", "params")}, "impls": {},
                          "skipped": "time limit of 410 s reached"}  # fmt: skip
     first["cases"][2]["skipped"] = "KV cache 137.4 GB exceeds the memory budget"
-    first["verdicts"] = report.verdicts(first)
-    assert _verdict(first, "prefill", "-").startswith("skipped: time limit")
+    assert _verdict({**first, "verdicts": report.verdicts(first)}, "prefill", "-").startswith(
+        "skipped: time limit"
+    )
     second["env"]["date_utc"] = "2026-11-23T01:00:00Z"
     second["cases"][0]["skipped"] = "time limit of 100 s reached"
-    dirs = {}
-    for name, results in (("run", first), ("fill", second)):
-        dirs[name] = tmp_path / name
-        dirs[name].mkdir()
-        (dirs[name] / "results.json").write_text(json.dumps(results))
-    (dirs["fill"] / "run.log").write_text("the second run's log")
-    monkeypatch.setattr(record, "_head_commit", lambda: "fedcba9")
-    monkeypatch.setattr(report, "plot", lambda results, path: path.write_bytes(b"png"))
-    dest = record.file_record(dirs["run"], results_dir, fill_dir=dirs["fill"])
-    joined = json.loads((dest / "results.json").read_text())
+    (first_dir / "results.json").write_text(json.dumps(first))
+    (fill_dir / "results.json").write_text(json.dumps(second))
+    argv = ["publish", str(first_dir), "--fill-skipped", str(fill_dir), "--results-dir",
+            str(results_dir)]  # fmt: skip
+    assert cli.main(argv) == 0
+    dest = results_dir / "nvidia-h200"
+    joined = report.load(dest / "results.json")
     assert [c.get("filled_from", {}).get("date_utc") for c in joined["cases"]] == [
         None, "2026-11-23T01:00:00Z", None]  # fmt: skip
     assert joined["cases"][2]["skipped"].startswith("KV cache")  # not a time-limit skip: kept
-    assert _verdict(joined, "prefill", "FlashInfer").startswith("met (900.0 ≤ 1000.0")
-    assert "are a second run's (same commit, library and device" in (dest / "README.md").read_text()
-    assert prefill["name"] in (dest / "README.md").read_text()
-    assert (dest / "fill-run.log").read_text() == "the second run's log"
-    rows = record._table_rows((results_dir / "RESULTS.md").read_text())
-    assert rows[0].startswith(f"| {dest.name} |")
-    assert "prefill_B1_len8k" in (dest / "table.md").read_text()
+    assert _verdict(
+        {**joined, "verdicts": report.verdicts(joined)}, "prefill", "FlashInfer"
+    ).startswith("met (900.0 ≤ 1000.0")
+    readme = (dest / "README.md").read_text()
+    assert "come from a second run of the same commit, library and device" in readme
+    assert prefill["name"] in readme
+    assert (
+        "| prefill_B1_len8k_h32-8_d128_p16 | 40.0 | 900.0 ±0.0% |"
+        in (dest / "table.md").read_text()
+    )
     second["env"]["library"] = {"sha256": "other"}
-    (dirs["fill"] / "results.json").write_text(json.dumps(second))
+    (fill_dir / "results.json").write_text(json.dumps(second))
     with pytest.raises(SystemExit, match="differ in library"):
-        record.file_record(dirs["run"], results_dir, fill_dir=dirs["fill"])
+        cli.main(argv)
 
 
 def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
@@ -622,8 +698,8 @@ def test_library_ab_alternates_builds_and_reads_case_times(tmp_path):
         "print(f'label    decode_B1_ctx1k_h32-8_d128_p16      {t / 10:8.1f}  9.9 us')"
     )
     out = tmp_path / "ab"
-    status = library_ab.main(
-        ["--rounds", "2", "--out", str(out), *builds, "--", sys.executable, "-c", probe]
+    status = cli.main(
+        ["ab", "--rounds", "2", "--out", str(out), *builds, "--", sys.executable, "-c", probe]
     )
     assert status == 0
     order = [os.path.basename(line) for line in log.read_text().split()]
@@ -659,13 +735,17 @@ def test_library_ab_rejects_bad_builds_and_reports_failed_runs(tmp_path):
     assert library_ab.main(["--rounds", "1", f"a={lib}", f"b={lib}", "--", "false"]) == 1
 
 
-def test_library_ab_pattern_reads_decode_probe_shapes():
-    from benchmarks import library_ab
+def test_library_ab_reads_the_probe_rows_and_other_patterns():
+    from benchmarks import library_ab, probes
 
-    # the line decode_probe.run prints, and the pattern the tool's usage gives for it
-    line = (
-        f"{'main':8s} {'B32 ctx4k D=256':34s} {364.1:8.1f} {365.0:8.1f} us  floor   344.0 -> 0.945"
-    )
+    decode = probes.decode_row("decode_B32_ctx4k_h32-8_d128_p16-inorder", 184.1, 185.0, 173.1)
+    prefill = ("| prefill_B8_len2k_h32-8_d128_p16 | 556.6 | 700.1 | 504.6 | 494 | 1.258 | 0.907 | - "
+               "| 2.0e-03 / 2.1e-03 / 1.0e-03 |")  # fmt: skip
+    assert library_ab.parse_times(f"{decode}\n{prefill}") == {
+        "decode_B32_ctx4k_h32-8_d128_p16-inorder": 184.1,
+        "prefill_B8_len2k_h32-8_d128_p16": 556.6,
+    }
+    line = f"{'main':8s} {'B32 ctx4k D=256':34s} {364.1:8.1f} {365.0:8.1f} us"
     pattern = library_ab.compile_pattern(r"^\S+\s+(?P<case>.+?)\s+(?P<us>[0-9.]+)\s+[0-9.]+ us")
     assert library_ab.parse_times(line, pattern) == {"B32 ctx4k D=256": 364.1}
     with pytest.raises(SystemExit, match="needs the groups"):

@@ -48,17 +48,17 @@ SAMPLES = 15
 LONG = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (32, 65536))  # (batch, keys)
 
 
-def _copies(case: Case, in_order: bool = False) -> list[dict]:
-    """Two input copies on the GPU (same page table); in_order: pages in sequence order."""
+def _copies(case: Case, in_order: bool = False, device: str = "cuda") -> list[dict]:
+    """Two input copies (same page table); in_order: pages in sequence order."""
     import torch
 
-    first = build_inputs(case, "cuda", seed=1)
+    first = build_inputs(case, device, seed=1)
     if in_order:
         tables = first["block_tables"]
         first["block_tables"] = torch.arange(tables.numel(), dtype=torch.int32,
                                              device=tables.device).view_as(tables)  # fmt: skip
     meta = {k: v for k, v in first.items() if k not in ("query", "kv_cache")}
-    return [first, build_inputs(case, "cuda", seed=2, metadata=meta)]
+    return [first, build_inputs(case, device, seed=2, metadata=meta)]
 
 
 def _calls(case: Case, copies: list[dict]) -> list:

@@ -735,6 +735,25 @@ def test_library_ab_rejects_bad_builds_and_reports_failed_runs(tmp_path):
     assert library_ab.main(["--rounds", "1", f"a={lib}", f"b={lib}", "--", "false"]) == 1
 
 
+def test_prefill_probe_checks_sampled_rows_against_float32():
+    """The probe's accuracy check on the CPU op: small errors; a wrong row is caught."""
+    from benchmarks import probes
+    from benchmarks.cases import Case
+
+    for case in (Case("prefill_B2_len300_h4-2_d64_p16", "prefill", ((300, 300),) * 2, 4, 2, 64),
+                 Case("mixed_h4-2_d64_p16", "mixed", ((17, 40), (1, 50), (70, 70)), 4, 2, 64)):  # fmt: skip
+        copies = probes._copies(case, device="cpu")
+        out = probes._calls(case, copies)[0]()
+        assert probes._errors(copies[0], case, {"ours": out})["ours"] < 1e-2, case.name
+        wrong = out.clone()
+        wrong[-1] = -wrong[-1]  # the last row: always among the sampled ones
+        assert probes._errors(copies[0], case, {"ours": wrong})["ours"] > 1e-2, case.name
+    in_order = probes._copies(decode_case(2, 40, (4, 2), head_dim=64), in_order=True, device="cpu")
+    assert in_order[0]["block_tables"].flatten().tolist() == list(range(6))
+    assert in_order[1]["block_tables"] is in_order[0]["block_tables"]  # one page table
+    assert set(probes.decode_groups()) == {"rows", "layout", "context", "long", "dtypes", "mixed"}
+
+
 def test_library_ab_reads_the_probe_rows_and_other_patterns():
     from benchmarks import library_ab, probes
 

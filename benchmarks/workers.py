@@ -152,7 +152,7 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
             state.write_text(json.dumps({"config": {**config, "worker": True}, "start": start,
                                          "skips": skips, "ceilings": ceilings,
                                          "events": str(events)}))  # fmt: skip
-            # a hung worker must not eat the whole lease: past the deadline (+ grace for the case
+            # a hung worker must not run on: past the deadline (+ grace for the case
             # in flight) it is killed and recorded like a crash
             timeout = None
             if config.get("deadline") is not None:

@@ -29,21 +29,21 @@ from pathlib import Path
 import pytest
 from subprocess_python import assert_lines_in_order, results_of, run_python
 
-from xla_gpu_ops import _library, torch_xla_plugin, xla_cuda
+from xla_gpu_ops import _library, _pjrt_plugin, _torch_xla_version, torch_xla_plugin
 from xla_gpu_ops.ops import OPS
 
 pytestmark = pytest.mark.torch_xla
 
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
 HAS_PLUGIN = importlib.util.find_spec("jax_plugins") is not None
-TORCH_XLA_VERSION = xla_cuda.torch_xla_version() if HAS_TORCH_XLA else (0, 0)
+TORCH_XLA_VERSION = _torch_xla_version.torch_xla_version() if HAS_TORCH_XLA else (0, 0)
 TESTS_DIR = Path(__file__).resolve().parent
 
 needs_plugin = pytest.mark.skipif(
     not (HAS_TORCH_XLA and HAS_PLUGIN), reason="needs torch_xla and jax-cuda12-pjrt"
 )
 needs_2_9 = pytest.mark.skipif(
-    not (HAS_PLUGIN and TORCH_XLA_VERSION >= torch_xla_plugin.FIRST_RELEASE),
+    not (HAS_PLUGIN and TORCH_XLA_VERSION >= _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA),
     reason="needs torch_xla >= 2.9 + jax-cuda12-pjrt 0.7.1 (locks/default.txt)",
 )
 
@@ -76,7 +76,7 @@ def test_handler_entries_map_each_op_to_its_handlers():
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_table_slots_hold_the_functions_this_module_calls_and_wraps():
     """The slot numbers are the plugin's own: its symbol table names the function in each slot."""
-    path = torch_xla_plugin.plugin_api().path
+    path = _pjrt_plugin.plugin_api().path
     listing = subprocess.run(
         ["nm", "-C", "--defined-only", str(path)], capture_output=True, text=True, check=True
     ).stdout
@@ -86,7 +86,7 @@ def test_table_slots_hold_the_functions_this_module_calls_and_wraps():
         symbols.setdefault(name, int(address, 16))
     base = ctypes.cast(ctypes.CDLL(str(path)).GetPjrtApi, ctypes.c_void_p).value
     base -= symbols["GetPjrtApi"]
-    api = torch_xla_plugin.plugin_api()
+    api = _pjrt_plugin.plugin_api()
     expected = {
         "PJRT_Error_Destroy": "pjrt::PJRT_Error_Destroy(PJRT_Error_Destroy_Args*)",
         "PJRT_Error_Message": "pjrt::PJRT_Error_Message(PJRT_Error_Message_Args*)",
@@ -154,9 +154,9 @@ def test_targets_register_through_the_plugin_extension(artifacts_dir):
 
 WRAPPER_SCRIPT = """
     import ctypes, json
-    from xla_gpu_ops import torch_xla_plugin as plugin
+    from xla_gpu_ops import _pjrt_plugin, torch_xla_plugin as plugin
 
-    api = plugin.plugin_api()
+    api = _pjrt_plugin.plugin_api()
     originals = {name: api.function(name) for name in ("PJRT_Client_Create", "PJRT_Client_PlatformName")}
     rename = plugin.install_platform_rename()
     results = {"table_points_at_wrappers": [
@@ -187,8 +187,8 @@ WRAPPER_SCRIPT = """
         args = plugin._PlatformNameArgs.from_address(address)
         args.platform_name, args.platform_name_size = ctypes.addressof(cuda), 4
         return None
-    rename.original_create = plugin._PjrtFunction(fake_create)
-    rename.original_platform_name = plugin._PjrtFunction(fake_platform_name)
+    rename.original_create = _pjrt_plugin.PjrtFunction(fake_create)
+    rename.original_platform_name = _pjrt_plugin.PjrtFunction(fake_platform_name)
 
     keep = []
     def option(name, value):
@@ -241,14 +241,15 @@ def test_platform_name_is_ours_for_our_client_only(artifacts_dir):
 
 # ---------------------------------------------------------------------------- torch_xla 2.9, no GPU
 def test_register_plugin_refuses_torch_xla_with_cuda(monkeypatch):
-    monkeypatch.setattr(xla_cuda, "torch_xla_version", lambda: (2, 7))
+    monkeypatch.setattr(_torch_xla_version, "torch_xla_version", lambda: (2, 7))
     with pytest.raises(torch_xla_plugin.TorchXlaTooOldError, match=r"xla_cuda\.register_plugin"):
         torch_xla_plugin.register_plugin()
 
 
 @needs_2_9
 @pytest.mark.parametrize(
-    ("name", "value"), [(xla_cuda.ALLOCATOR_ENV, "tcmalloc"), (xla_cuda.MEMORY_FRACTION_ENV, "2")]
+    ("name", "value"),
+    [(_pjrt_plugin.ALLOCATOR_ENV, "tcmalloc"), (_pjrt_plugin.MEMORY_FRACTION_ENV, "2")],
 )
 def test_bad_client_option_fails_before_torch_xla_starts(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -257,11 +258,11 @@ def test_bad_client_option_fails_before_torch_xla_starts(monkeypatch, name, valu
 
 
 def test_client_create_options_add_the_platform_name(monkeypatch):
-    for name in (xla_cuda.ALLOCATOR_ENV, xla_cuda.MEMORY_FRACTION_ENV, xla_cuda.PREALLOCATE_ENV,
-                 xla_cuda.VISIBLE_DEVICES_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK",
+    for name in (_pjrt_plugin.ALLOCATOR_ENV, _pjrt_plugin.MEMORY_FRACTION_ENV, _pjrt_plugin.PREALLOCATE_ENV,
+                 _pjrt_plugin.VISIBLE_DEVICES_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK",
                  "LOCAL_WORLD_SIZE", "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(xla_cuda.PREALLOCATE_ENV, "0")
+    monkeypatch.setenv(_pjrt_plugin.PREALLOCATE_ENV, "0")
     assert torch_xla_plugin.client_create_options() == {
         "platform_name": "gpu", "preallocate": False, "node_id": 0, "num_nodes": 1,
         torch_xla_plugin.PLATFORM_NAME_OPTION: "gpu",
@@ -293,14 +294,14 @@ def test_plugin_device_registers_targets_negotiates_then_stops_at_no_gpu(artifac
     """
     env = {
         "TF_CPP_MIN_LOG_LEVEL": "0",  # the PJRT version negotiation is an INFO line
-        xla_cuda.ALLOCATOR_ENV: "cuda_async",
-        xla_cuda.MEMORY_FRACTION_ENV: "0.5",
-        xla_cuda.PREALLOCATE_ENV: "0",
-        xla_cuda.VISIBLE_DEVICES_ENV: "0",
+        _pjrt_plugin.ALLOCATOR_ENV: "cuda_async",
+        _pjrt_plugin.MEMORY_FRACTION_ENV: "0.5",
+        _pjrt_plugin.PREALLOCATE_ENV: "0",
+        _pjrt_plugin.VISIBLE_DEVICES_ENV: "0",
         "PJRT_DEVICE": "CPU",  # register_plugin must switch to GPU
     }
     log = run_python(code, env, artifacts_dir / "plugin_load.log")
-    plugin_path = re.escape(str(xla_cuda.plugin_library_path()))
+    plugin_path = re.escape(str(_pjrt_plugin.plugin_library_path()))
     targets = json.dumps([name for op in OPS for name in (op.ffi_target, op.legacy_target)])
     assert_lines_in_order(
         log,

@@ -35,14 +35,16 @@ needs_plugin = pytest.mark.skipif(
     not (HAS_TORCH_XLA and HAS_PLUGIN), reason="needs torch_xla and jax-cuda12-pjrt"
 )
 
-from xla_gpu_ops import xla_cuda  # noqa: E402  (imports no framework)
+from xla_gpu_ops import _pjrt_plugin, _torch_xla_version, xla_cuda  # noqa: E402  (no framework)
 
 
 def torch_xla_version() -> tuple[int, int]:
-    return xla_cuda.torch_xla_version() if HAS_TORCH_XLA else (0, 0)
+    return _torch_xla_version.torch_xla_version() if HAS_TORCH_XLA else (0, 0)
 
 
-IS_LEGACY_STACK = HAS_TORCH_XLA and torch_xla_version() < xla_cuda.FIRST_RELEASE_WITHOUT_CUDA
+IS_LEGACY_STACK = (
+    HAS_TORCH_XLA and torch_xla_version() < _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA
+)
 needs_legacy_stack = pytest.mark.skipif(
     not (IS_LEGACY_STACK and HAS_PLUGIN),
     reason="needs torch_xla 2.7 + jax-cuda12-pjrt 0.5.3 (locks/xla-cuda.txt, nox -s xla_cuda)",
@@ -63,23 +65,23 @@ def test_client_options_from_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PJRT_LOCAL_PROCESS_RANK",
                  "PJRT_LOCAL_PROCESS_COUNT"):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(xla_cuda.ALLOCATOR_ENV, "cuda_async")
-    monkeypatch.setenv(xla_cuda.MEMORY_FRACTION_ENV, "0.5")
-    monkeypatch.setenv(xla_cuda.PREALLOCATE_ENV, "false")
-    monkeypatch.setenv(xla_cuda.VISIBLE_DEVICES_ENV, "1,0")
-    assert xla_cuda.client_options_from_env() == {
+    monkeypatch.setenv(_pjrt_plugin.ALLOCATOR_ENV, "cuda_async")
+    monkeypatch.setenv(_pjrt_plugin.MEMORY_FRACTION_ENV, "0.5")
+    monkeypatch.setenv(_pjrt_plugin.PREALLOCATE_ENV, "false")
+    monkeypatch.setenv(_pjrt_plugin.VISIBLE_DEVICES_ENV, "1,0")
+    assert _pjrt_plugin.client_options_from_env() == {
         "platform_name": "gpu", "allocator": "cuda_async", "memory_fraction": 0.5,
         "preallocate": False, "visible_devices": [1, 0], "node_id": 0, "num_nodes": 1,
     }  # fmt: skip
-    for name in (xla_cuda.ALLOCATOR_ENV, xla_cuda.MEMORY_FRACTION_ENV, xla_cuda.PREALLOCATE_ENV,
-                 xla_cuda.VISIBLE_DEVICES_ENV):  # fmt: skip
+    for name in (_pjrt_plugin.ALLOCATOR_ENV, _pjrt_plugin.MEMORY_FRACTION_ENV, _pjrt_plugin.PREALLOCATE_ENV,
+                 _pjrt_plugin.VISIBLE_DEVICES_ENV):  # fmt: skip
         monkeypatch.delenv(name)
     # torchrun, 2 local processes: one GPU each, node id = global rank
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert xla_cuda.client_options_from_env() == {
+    assert _pjrt_plugin.client_options_from_env() == {
         "platform_name": "gpu", "visible_devices": [1], "node_id": 3, "num_nodes": 4,
     }  # fmt: skip
 
@@ -87,47 +89,47 @@ def test_client_options_from_env(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        (xla_cuda.ALLOCATOR_ENV, "tcmalloc"),
-        (xla_cuda.MEMORY_FRACTION_ENV, "1.5"),
-        (xla_cuda.MEMORY_FRACTION_ENV, "half"),
-        (xla_cuda.PREALLOCATE_ENV, "maybe"),
-        (xla_cuda.VISIBLE_DEVICES_ENV, "0,0"),
-        (xla_cuda.VISIBLE_DEVICES_ENV, "gpu0"),
+        (_pjrt_plugin.ALLOCATOR_ENV, "tcmalloc"),
+        (_pjrt_plugin.MEMORY_FRACTION_ENV, "1.5"),
+        (_pjrt_plugin.MEMORY_FRACTION_ENV, "half"),
+        (_pjrt_plugin.PREALLOCATE_ENV, "maybe"),
+        (_pjrt_plugin.VISIBLE_DEVICES_ENV, "0,0"),
+        (_pjrt_plugin.VISIBLE_DEVICES_ENV, "gpu0"),
     ],
 )
 def test_bad_client_option_names_the_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"^{name}="):
-        xla_cuda.client_options_from_env()
+        _pjrt_plugin.client_options_from_env()
 
 
 @needs_plugin
 def test_plugin_speaks_the_pjrt_api_of_the_installed_torch_xla():
     """Read from the plugin .so itself (GetPjrtApi), no GPU: 0.67 for 2.7, 0.75 for 2.9."""
     version = torch_xla_version()
-    assert xla_cuda.plugin_pjrt_api_version() == xla_cuda.FRAMEWORK_PJRT_API[version]
-    xla_cuda.check_plugin_matches_torch_xla()
+    assert xla_cuda.plugin_pjrt_api_version() == _pjrt_plugin.FRAMEWORK_PJRT_API[version]
+    _pjrt_plugin.check_plugin_matches_torch_xla()
     # The extension torch_xla 2.7's _xla_register_custom_call_target registers through.
-    assert xla_cuda.has_gpu_custom_call_extension(), xla_cuda.plugin_extension_types()
+    assert _pjrt_plugin.has_gpu_custom_call_extension(), _pjrt_plugin.plugin_extension_types()
 
 
 @needs_plugin
 def test_mismatched_plugin_is_refused(monkeypatch):
     installed = torch_xla_version()
-    other = next(v for v in xla_cuda.FRAMEWORK_PJRT_API if v != installed)
-    monkeypatch.setattr(xla_cuda, "torch_xla_version", lambda: other)
+    other = next(v for v in _pjrt_plugin.FRAMEWORK_PJRT_API if v != installed)
+    monkeypatch.setattr(_torch_xla_version, "torch_xla_version", lambda: other)
     with pytest.raises(
-        RuntimeError, match=re.escape(f"jax-cuda12-pjrt=={xla_cuda.MATCHING_PLUGIN[other]}")
+        RuntimeError, match=re.escape(f"jax-cuda12-pjrt=={_pjrt_plugin.MATCHING_PLUGIN[other]}")
     ):
-        xla_cuda.check_plugin_matches_torch_xla()
+        _pjrt_plugin.check_plugin_matches_torch_xla()
 
 
 @needs_torch_xla
 def test_torch_xla_without_cuda_gets_one_clear_error(monkeypatch):
     """torch_xla >= 2.9: register_plugin/register_legacy_targets refuse before touching the runtime."""
     if IS_LEGACY_STACK:  # on 2.7 pretend to be 2.9 (only the version decides)
-        monkeypatch.setattr(xla_cuda, "torch_xla_version", lambda: (2, 9))
-    major, minor = xla_cuda.torch_xla_version()
+        monkeypatch.setattr(_torch_xla_version, "torch_xla_version", lambda: (2, 9))
+    major, minor = _torch_xla_version.torch_xla_version()
     for entry_point in (xla_cuda.register_plugin, xla_cuda.register_legacy_targets):
         with pytest.raises(xla_cuda.XlaCudaUnsupportedError) as raised:
             entry_point()
@@ -268,14 +270,14 @@ def test_plugin_negotiates_pjrt_version_then_stops_at_no_gpu(artifacts_dir):
             print("REGISTERED without a GPU?", flush=True)
     """
     env = {
-        xla_cuda.ALLOCATOR_ENV: "cuda_async",
-        xla_cuda.MEMORY_FRACTION_ENV: "0.5",
-        xla_cuda.PREALLOCATE_ENV: "0",
-        xla_cuda.VISIBLE_DEVICES_ENV: "0",
+        _pjrt_plugin.ALLOCATOR_ENV: "cuda_async",
+        _pjrt_plugin.MEMORY_FRACTION_ENV: "0.5",
+        _pjrt_plugin.PREALLOCATE_ENV: "0",
+        _pjrt_plugin.VISIBLE_DEVICES_ENV: "0",
         "PJRT_DEVICE": "CPU",  # what the nox session sets; register_plugin must switch to CUDA
     }
     log = run_python(code, env, artifacts_dir / "plugin_load.log")
-    plugin_path = re.escape(str(xla_cuda.plugin_library_path()))
+    plugin_path = re.escape(str(_pjrt_plugin.plugin_library_path()))
     assert_lines_in_order(
         log,
         [

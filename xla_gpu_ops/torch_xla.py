@@ -10,20 +10,24 @@ Two implementations, picked per call by `XLA_GPU_OPS_XLA_IMPL` (see `xla_impl`):
   torch_xla 2.9). Pure tensor ops with static shapes: no `.item()`, no host sync, so it lowers into
   the surrounding graph.
 
-Importing this module needs torch only; torch_xla is imported when a function runs.
+On a GPU XLA device the custom-call targets are registered first through
+xla_gpu_ops._pjrt_plugin, the plumbing of both GPU routes (xla_gpu_ops.xla_cuda for torch_xla 2.7,
+xla_gpu_ops.torch_xla_plugin for 2.9). Importing this module needs torch only; torch_xla is
+imported when a function runs.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.metadata
 import os
 
 import numpy as np
 import torch
 
-from xla_gpu_ops import _library, ops, reference
+from xla_gpu_ops import _library, _pjrt_plugin, _torch_xla_version, ops, reference
+
+# Part of this module's interface: the installed release decides the ABI (custom_call_abi).
+from xla_gpu_ops._torch_xla_version import torch_xla_version as torch_xla_version
 from xla_gpu_ops.torch_cuda import dtype_name, torch_dtype
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
@@ -33,19 +37,10 @@ IMPLS = ("custom_call", "composite")
 API_VERSION = {"legacy": 2, "ffi": 4}  # XLA CustomCallApiVersion: STATUS_RETURNING, TYPED_FFI
 # XLA device hardware that runs our CUDA handlers: torch_xla 2.7's CUDA device, and the generic
 # plugin device of xla_gpu_ops.torch_xla_plugin (torch_xla 2.9).
-GPU_HARDWARE = ("CUDA", "GPU")
-# torch_xla < 2.9 registers legacy targets only (PJRT GPU extension)
-_FIRST_FFI_ONLY_VERSION = (2, 9)
+GPU_HARDWARE = (_pjrt_plugin.CUDA_DEVICE_TYPE, _pjrt_plugin.PLUGIN_DEVICE_TYPE)
 
 
 # ---------------------------------------------------------------------------- runtime facts
-@functools.cache
-def torch_xla_version() -> tuple[int, int]:
-    """(major, minor) of the installed torch_xla, read without importing it."""
-    major, minor, *_ = importlib.metadata.version("torch_xla").split(".")
-    return int(major), int(minor)
-
-
 def custom_call_abi() -> str:
     """ "ffi" (typed FFI, api_version 4) or "legacy" (api_version 2 + opaque config bytes).
 
@@ -59,7 +54,8 @@ def custom_call_abi() -> str:
         if override not in ABIS:
             raise ValueError(f"{ABI_ENV}={override!r}: expected one of {ABIS}")
         return override
-    return "legacy" if torch_xla_version() < _FIRST_FFI_ONLY_VERSION else "ffi"
+    release = _torch_xla_version.torch_xla_version()
+    return "legacy" if release < _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA else "ffi"
 
 
 def device_hardware(device: torch.device) -> str:
@@ -91,13 +87,11 @@ def _prepare_runtime(device: torch.device) -> None:
     hardware = device_hardware(device)
     if hardware not in GPU_HARDWARE:
         return  # XLA:CPU/TPU: lowering only (HLO inspection); execution fails cleanly in XLA
-    if hardware == "GPU":  # the 2.9 plugin device: targets go through the plugin's extension
-        from xla_gpu_ops import torch_xla_plugin
-
-        torch_xla_plugin.register_custom_call_targets()
+    if hardware == _pjrt_plugin.PLUGIN_DEVICE_TYPE:  # 2.9: through the plugin's own extension
+        _pjrt_plugin.register_custom_call_targets()
         return
-    version = torch_xla_version()
-    if version >= _FIRST_FFI_ONLY_VERSION:
+    version = _torch_xla_version.torch_xla_version()
+    if version >= _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA:
         raise RuntimeError(
             f"torch_xla {version[0]}.{version[1]} cannot run xla_gpu custom calls on a CUDA XLA "
             "device: it dropped XLA:CUDA and its _xla_register_custom_call_target is a stub. Use "
@@ -105,9 +99,7 @@ def _prepare_runtime(device: torch.device) -> None:
             "2.7 with the CUDA PJRT plugin (locks/xla-cuda.txt), torchax or JAX (xla_gpu_ops.jax) "
             f"on CUDA, or set {IMPL_ENV}=composite for plain XLA ops."
         )
-    from xla_gpu_ops import xla_cuda
-
-    xla_cuda.register_custom_call_targets()
+    _pjrt_plugin.register_legacy_targets()  # 2.7: through torch_xla's registration call
 
 
 # ---------------------------------------------------------------------------- attributes
@@ -267,9 +259,9 @@ def kv_cache_update_composite(
     if (
         kv_cache.dtype == torch.float8_e4m3fn
         and kv_cache.device.type == "xla"
-        and torch_xla_version() < _FIRST_FFI_ONLY_VERSION
+        and _torch_xla_version.torch_xla_version() < _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA
     ):
-        major, minor = torch_xla_version()
+        major, minor = _torch_xla_version.torch_xla_version()
         raise TypeError(
             f"kv_cache_update: kv_cache: float8_e4m3fn needs torch_xla >= 2.9 on XLA devices "
             f"(torch_xla {major}.{minor} rounds float32 -> float8 differently)"

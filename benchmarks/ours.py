@@ -89,9 +89,9 @@ _KERNELS: dict = {}
 
 def _cuda_kernel():
     if "paged_attention" not in _KERNELS:
-        from xla_gpu_ops import ops, torch_cuda
+        from xla_gpu_ops import _torch_cuda, ops
 
-        _KERNELS["paged_attention"] = torch_cuda.make_kernel(ops.PAGED_ATTENTION)
+        _KERNELS["paged_attention"] = _torch_cuda.make_kernel(ops.PAGED_ATTENTION)
     return _KERNELS["paged_attention"]
 
 

@@ -1,4 +1,4 @@
-"""CUDA kernels through torch.ops.xla_gpu.* (eager, xla_gpu_ops.torch_cuda) against the float64
+"""CUDA kernels through torch.ops.xla_gpu.* (eager, xla_gpu_ops._torch_cuda) against the float64
 CPU reference.
 
 Every check draws fresh random inputs (the seed is in the failure message), never zeros; f32 must
@@ -237,7 +237,7 @@ def test_scratch_buffer_per_stream_grows_and_stays_out_of_graphs():
     streams at once and a buffer that grows give the reference's rows; a CUDA graph captured on a
     stream that has a cached buffer gets its own scratch, so replays beside eager calls on that
     stream stay right, and the cached buffer is not replaced by the capture."""
-    from xla_gpu_ops import torch_cuda
+    from xla_gpu_ops import _torch_cuda
 
     seed = fresh_seed()
     scale = default_scale(128)
@@ -269,13 +269,13 @@ def test_scratch_buffer_per_stream_grows_and_stays_out_of_graphs():
         check(out, name)
     device = torch.cuda.current_device()
     side_key = (device, side.cuda_stream)
-    assert (device, torch.cuda.current_stream().cuda_stream) in torch_cuda._scratch
-    cached = torch_cuda._scratch[side_key]
+    assert (device, torch.cuda.current_stream().cuda_stream) in _torch_cuda._scratch
+    cached = _torch_cuda._scratch[side_key]
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
         captured = attend("small")
-    assert torch_cuda._scratch[side_key] is cached
+    assert _torch_cuda._scratch[side_key] is cached
     outs = []
     for _ in range(3):  # replays on the default stream while the side stream runs eager calls
         graph.replay()

@@ -28,7 +28,7 @@ def test_every_library_dtype_is_a_torch_and_numpy_dtype():
     """The library's dtype list is the one list: the torch and JAX front ends map its names
     (torch's and numpy's spelling) without a table of their own."""
     torch = pytest.importorskip("torch")
-    from xla_gpu_ops.torch_cuda import dtype_name, torch_dtype
+    from xla_gpu_ops._torch import dtype_name, torch_dtype
 
     names = set(_library.load().dtype_codes)
     assert {"float32", "float16", "bfloat16", "float8_e4m3fn", "int32", "int64"} <= names

@@ -244,9 +244,9 @@ def test_paged_attention_rejects_mixed_devices():
 def test_cuda_plan_cache_starts_over_when_full(monkeypatch):
     """More static keys than the eager CUDA path keeps: the cache starts over and every call is
     still right (a re-described call must launch as the first one did)."""
-    from xla_gpu_ops import torch_cuda
+    from xla_gpu_ops import _torch_cuda
 
-    monkeypatch.setattr(torch_cuda, "MAX_PLANS", 2)
+    monkeypatch.setattr(_torch_cuda, "MAX_PLANS", 2)
     for rows in (1, 2, 3, 1, 2, 3, 4):
         a = torch.randn(rows, 37, device="cuda")
         b = torch.randn(rows, 37, device="cuda")

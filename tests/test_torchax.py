@@ -93,17 +93,18 @@ CASES = {
 
 @pytest.fixture
 def jax_calls(monkeypatch) -> list[str]:
-    """Names of the ops xla_gpu_ops.jax.call ran (proves torchax took our lowering)."""
-    import xla_gpu_ops.jax as xgo_jax
+    """Names of the ops the JAX binding's call ran (xla_gpu_ops._jax_ffi.call, the one
+    xla_gpu_ops.jax.call is): proves torchax took our lowering."""
+    from xla_gpu_ops import _jax_ffi
 
     calls: list[str] = []
-    original = xgo_jax.call
+    original = _jax_ffi.call
 
     def spy(op, *args, **kwargs):
         calls.append(op.name)
         return original(op, *args, **kwargs)
 
-    monkeypatch.setattr(xgo_jax, "call", spy)
+    monkeypatch.setattr(_jax_ffi, "call", spy)
     return calls
 
 

@@ -13,9 +13,10 @@ import importlib.util
 __version__ = "0.1.0"
 __all__ = ["kv_cache_update", "paged_attention", "simple_add"]
 
-_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_cuda", "torch_ops", "hlo", "ops",
-               "reference", "xla_cuda", "torch_xla_plugin", "sharding", "head_sharding",
-               "torch_xla_sharding")  # fmt: skip
+# The public modules (front ends, the op table, tools), imported on attribute access. Modules
+# with a leading underscore are private: shared helpers and device kernels of the front ends.
+_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_ops", "hlo", "ops", "reference", "xla_cuda",
+               "torch_xla_plugin", "sharding", "head_sharding", "torch_xla_sharding")  # fmt: skip
 
 if importlib.util.find_spec("torch") is not None:
     from xla_gpu_ops.torch_ops import kv_cache_update, paged_attention, simple_add

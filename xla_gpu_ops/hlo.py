@@ -333,7 +333,7 @@ def op_function(frontend: str, op: ops.Op | str) -> Callable[..., Any]:
         return lambda *operands: xgo_jax.call(op, operands, attrs)
     import torch
 
-    import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+    import xla_gpu_ops._torch_library  # noqa: F401  (defines torch.ops.xla_gpu.*)
 
     overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
 

@@ -34,8 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from xla_gpu_ops import head_sharding, ops
-from xla_gpu_ops import jax as xgo_jax
+from xla_gpu_ops import _jax_ffi, head_sharding, ops
 from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 
 __all__ = [
@@ -115,7 +114,7 @@ def shard_map_call(
     attrs = dict(attrs)
 
     def local(*shards):
-        return xgo_jax.call(op, shards, attrs, abi)
+        return _jax_ffi.call(op, shards, attrs, abi)
 
     mapped = jax.shard_map(
         local,
@@ -209,7 +208,7 @@ def _partitioned(op_name: str, abi: str):
 
     def call_whole(*args):
         *operands, attrs = args
-        return xgo_jax.call(op, operands, dict(attrs), abi)
+        return _jax_ffi.call(op, operands, dict(attrs), abi)
 
     from jax.experimental.custom_partitioning import custom_partitioning
 
@@ -241,7 +240,7 @@ def _partitioned(op_name: str, abi: str):
         ]
 
         def lower(*shards):
-            return xgo_jax.call(op, shards, dict(attrs), abi)
+            return _jax_ffi.call(op, shards, dict(attrs), abi)
 
         results = result_shardings[0] if op.returned == 1 else tuple(result_shardings)
         return mesh, lower, results, arg_shardings
@@ -293,7 +292,7 @@ def _torchax_call(op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], me
     returns: results written in place are stored into their operand (torchax tensors)."""
     from torchax import interop
 
-    from xla_gpu_ops import torchax as xgo_torchax
+    from xla_gpu_ops import _torchax
 
     def sharded(*call_args, **call_kwargs):
         operands, attrs = op.bind(call_args, call_kwargs)
@@ -307,7 +306,7 @@ def _torchax_call(op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], me
     outs = outs if isinstance(outs, tuple) else (outs,)
     operands, _ = op.bind(args, kwargs)
     for result, operand in op.aliases.items():
-        xgo_torchax.store(operands[operand], outs[result].jax())
+        _torchax.store(operands[operand], outs[result].jax())
     return op.torch_result()(outs)
 
 

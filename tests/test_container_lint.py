@@ -1,6 +1,6 @@
 """The container lint (`.ci/lint_containers.py`, run by `nox -s lint`) passes on the real files and
-fails, naming the problem, on one planted error each in the Dockerfile, compose.yaml and the dev
-container, and on drift from the noxfile and the locks."""
+fails, naming the problem, on one planted error each in the Dockerfile, the compose files and the
+dev containers, and on drift from README's commands, the noxfile and the locks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ LINTED_PATHS = (
     ".dockerignore",
     ".hadolint.yaml",
     "compose.yaml",
+    "compose.cpu.yaml",
     ".devcontainer",
+    "README.md",
     ".ci",
     "noxfile.py",
     "locks",
@@ -130,14 +132,29 @@ def test_devcontainer_comments_are_accepted(repo_copy: Path) -> None:
             id="unknown-nox-session",
         ),
         pytest.param(
-            "compose.yaml", "command: [nox, -s, lint, tests, xla_cuda]", "command: [nox, -s, tests]",
-            "service 'tests' runs nox sessions [['tests']], CI (.ci/run) runs ['lint', 'tests', 'xla_cuda']",
-            id="compose-tests-service-is-not-ci",
+            "compose.yaml", "command: [nox, -s, lint, tests]", "command: [nox, -s, tests]",
+            "compose.yaml: services ['tests', 'tests-xla-cuda'] run nox sessions ['tests', 'xla_cuda'], README's test command runs ['lint', 'tests', 'xla_cuda']",
+            id="compose-test-services-are-not-readme",
         ),
         pytest.param(
-            "Dockerfile", 'CMD ["nox", "-s", "lint", "tests", "xla_cuda"]', 'CMD ["nox", "-s", "lint", "tests"]',
-            "Dockerfile: no CMD runs CI's command `nox -s lint tests xla_cuda`",
-            id="dockerfile-cmd-is-not-ci",
+            "Dockerfile", 'CMD ["nox", "-s", "lint", "tests"]', 'CMD ["nox", "-s", "tests"]',
+            "Dockerfile: stage 'runtime' runs nox sessions [['tests']] by default, compose service 'tests' runs [['lint', 'tests']]",
+            id="dockerfile-cmd-is-not-the-service",
+        ),
+        pytest.param(
+            "compose.cpu.yaml", "  tests-xla-cuda: *cpu\n", "",
+            "compose.cpu.yaml: leaves services ['tests-xla-cuda'] with a GPU reservation",
+            id="cpu-override-misses-a-service",
+        ),
+        pytest.param(
+            "README.md", "nox -s docker\n", "nox -s dockerd\n",
+            "README.md: calls nox session(s) ['dockerd'] not defined in noxfile.py",
+            id="readme-names-an-unknown-session",
+        ),
+        pytest.param(
+            ".devcontainer/cpu/devcontainer.json", '"postCreateCommand": "nox -s build",', "",
+            ".devcontainer/cpu/devcontainer.json: postCreateCommand must run `nox -s build`",
+            id="cpu-devcontainer-does-not-build",
         ),
     ],
 )  # fmt: skip
@@ -148,28 +165,24 @@ def test_container_file_drift_fails(repo_copy: Path, path, old, new, finding) ->
     assert finding in result.stdout
 
 
-def test_docs_must_state_ci_command(repo_copy: Path) -> None:
-    # An older statement of CI's command left in the docs is a finding.
+def test_docs_must_state_the_test_command(repo_copy: Path) -> None:
+    # An older statement of the test command left in the docs is a finding.
     docs = repo_copy / "docs" / "ENVIRONMENT.md"
-    docs.write_text(docs.read_text() + "\nCI runs `nox -s lint tests`.\n")
+    docs.write_text(docs.read_text() + "\nCI runs `nox -s lint tests build`.\n")
     result = run_checker(repo_copy)
     assert result.returncode == 1
     assert (
-        "docs/ENVIRONMENT.md: states `nox -s lint tests` where CI's command is "
+        "docs/ENVIRONMENT.md: states `nox -s lint tests build` where README's test command is "
         "`nox -s lint tests xla_cuda`" in result.stdout
     )
 
 
-def test_ci_command_change_must_reach_every_statement(repo_copy: Path) -> None:
-    # Changing CI's command alone: compose, the Dockerfile, the noxfile and the docs disagree.
-    replace_once(
-        repo_copy / ".ci" / "run",
-        'step "nox -s lint tests xla_cuda" "$host_log" nox -s lint tests xla_cuda',
-        'step "nox -s lint tests" "$host_log" nox -s lint tests',
-    )
+def test_test_command_change_must_reach_every_statement(repo_copy: Path) -> None:
+    # Changing README's test command alone: compose, the noxfile and the docs disagree.
+    replace_once(repo_copy / "README.md", "nox -s lint tests xla_cuda   #", "nox -s lint tests   #")
     result = run_checker(repo_copy)
     assert result.returncode == 1
-    for path in ("compose.yaml", "Dockerfile", "noxfile.py", "docs/ENVIRONMENT.md"):
+    for path in ("compose.yaml", "noxfile.py", "docs/ENVIRONMENT.md"):
         assert f"{path}: " in result.stdout, (path, result.stdout)
 
 

@@ -90,8 +90,8 @@ def cuda_archs() -> str:
 
 
 def extra_cuda_flags() -> str:
-    """XLA_GPU_OPS_CUDA_FLAGS: extra nvcc flags for a diagnostic or tuning build, e.g.
-    -DXGO_PHASE_TIMES=1 (benchmarks/phase_probe.py) or -DXGO_SPLITS_FROM_ENV."""
+    """XLA_GPU_OPS_CUDA_FLAGS: extra nvcc flags for a variant build, e.g. -lineinfo (a profiler's
+    source view)."""
     return os.environ.get("XLA_GPU_OPS_CUDA_FLAGS", "").strip()
 
 

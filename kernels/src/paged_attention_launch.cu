@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -28,7 +27,7 @@
 namespace xgo {
 
 // Keys per short-region KV split (paged_attention_params.cuh). A tuning build for a short-split
-// sweep lowers it, e.g. -DXGO_SPLITS_FROM_ENV -DXGO_SHORT_SPLIT_KEYS=256.
+// sweep lowers it, e.g. -DXGO_SHORT_SPLIT_KEYS=256.
 #ifndef XGO_SHORT_SPLIT_KEYS
 #define XGO_SHORT_SPLIT_KEYS 8192
 #endif
@@ -62,11 +61,6 @@ int64_t BlocksPerSplit(const PagedAttentionPlan& plan, const PagedAttentionParam
 int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
                  int64_t slots) {
   if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
-#ifdef XGO_SPLITS_FROM_ENV  // tuning builds only: XGO_DECODE_SPLITS=n forces n (<= the plan's)
-  if (const char* forced = std::getenv("XGO_DECODE_SPLITS")) {
-    return std::max(1, std::min(plan.num_splits, std::atoi(forced)));
-  }
-#endif
   const int64_t per_split = BlocksPerSplit(plan, params);
   if (plan.path == AttentionPath::kDecodeMma) {
     const int64_t capacity = static_cast<int64_t>(params.pages_per_seq) * params.page_size;
@@ -95,17 +89,6 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
     if (fill(splits) >= best_fill - 0.02) return splits;
   }
   return plan.num_splits;
-}
-
-// Short-region KV splits: the plan's count (sized by the static capacity). Tuning builds
-// (-DXGO_SPLITS_FROM_ENV, with a small XGO_SHORT_SPLIT_KEYS for room) take XGO_SHORT_SPLITS=n.
-int ChooseShortSplits(const PagedAttentionPlan& plan) {
-#ifdef XGO_SPLITS_FROM_ENV
-  if (const char* forced = std::getenv("XGO_SHORT_SPLITS"); forced && plan.short_splits > 0) {
-    return std::max(1, std::min(plan.short_splits, std::atoi(forced)));
-  }
-#endif
-  return plan.short_splits;
 }
 
 }  // namespace
@@ -367,7 +350,7 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.short_out = workspace + plan.short_out_offset;
   params.short_order = reinterpret_cast<int32_t*>(workspace + plan.short_order_offset);
   params.short_tokens = plan.short_tokens;
-  params.short_splits = ChooseShortSplits(plan);
+  params.short_splits = plan.short_splits;
   params.num_tokens = static_cast<int>(c.num_tokens);
   params.num_q_heads = static_cast<int>(c.num_q_heads);
   params.num_kv_heads = static_cast<int>(c.num_kv_heads);
@@ -405,12 +388,3 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
 }
 
 }  // namespace xgo
-
-#if XGO_PHASE_TIMES
-// Diagnostic builds: copies the decode kernel's phase table ([8192][8] uint64, see RecordPhase)
-// to `host`, or zeroes it when `reset` is nonzero. Returns 0 on success.
-extern "C" __attribute__((visibility("default"))) int xgo_debug_phase_times(
-    unsigned long long* host, int reset) {
-  return xgo::CopyOrResetPhaseTable(xgo::g_phase_times, host, reset);
-}
-#endif

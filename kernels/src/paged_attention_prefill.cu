@@ -191,7 +191,7 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
-  if (!XGO_SM90_KV_TMA || rows % 8 != 0 || !tiles_fit || address % 16 != 0 ||
+  if (rows % 8 != 0 || !tiles_fit || address % 16 != 0 ||
       params.num_pages <= 0 || slots > INT32_MAX || encode == nullptr) {
     return kv_map;
   }
@@ -221,7 +221,7 @@ Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   const int heads = params.heads_per_block;
   const int tokens = params.tokens_per_tile;
-  if (!XGO_SM90_ROW_TMA || encode == nullptr || params.num_tokens <= 0 || heads <= 0 ||
+  if (encode == nullptr || params.num_tokens <= 0 || heads <= 0 ||
       heads > 256 || tokens <= 0 || tokens > 256) {
     return maps;
   }
@@ -266,7 +266,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   // at B8 x 2k, D 128, in its lookup, set-up, first tile and epilogue, which the producer now
   // overlaps with the item before).
   if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots,
-                                               XGO_SM90_PERSISTENT ? info.slots : 0, &launch);
+                                               info.slots, &launch);
       status != XGO_OK) {
     return status;
   }
@@ -283,11 +283,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
 // the short blocks, unless they are mostly prefill (PagedAttentionPlan::mostly_prefill): on the
 // benchmark's mixed batch (54 tokens per sequence slot) the wgmma kernel with its own short
 // blocks took 560 us against 450 us, on its one-split causal prefills (2048-8192 tokens per slot)
-// 0.71-0.81x the mma.sync time (H100, 2026-11-23). Tuning builds: -DXGO_SM90_WITH_SHORT_REGION=1
-// runs every plan with a short region on the wgmma kernel.
-#ifndef XGO_SM90_WITH_SHORT_REGION
-#define XGO_SM90_WITH_SHORT_REGION 0
-#endif
+// 0.71-0.81x the mma.sync time (H100, 2026-11-23).
 
 constexpr int kPrefillKernelUnread = -2;
 constexpr int kPrefillKernelAuto = -1;
@@ -330,8 +326,7 @@ int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, Prefil
   if (forced == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
   // Mixed batches stay on mma.sync unless mostly prefill or forced (A/B probes, tests).
   const bool forced_sm90 = forced == static_cast<int>(PrefillKernel::kSm90);
-  if (!XGO_SM90_WITH_SHORT_REGION && !forced_sm90 && plan.short_splits > 0 &&
-      !plan.mostly_prefill) {
+  if (!forced_sm90 && plan.short_splits > 0 && !plan.mostly_prefill) {
     return XGO_OK;
   }
   bool available = false;
@@ -390,11 +385,3 @@ extern "C" XGO_EXPORT int32_t xgo_debug_sm90_prefill_available(void) {
   if (xgo::Sm90PrefillAvailable(&available) != XGO_OK) return -1;
   return available ? 1 : 0;
 }
-
-#if XGO_PHASE_TIMES
-// Diagnostic builds: copies the sm_90a prefill kernel's phase table ([8192][16] uint64, see
-// Sm90Phase) to `host`, or zeroes it when `reset` is nonzero. Returns 0 on success.
-extern "C" XGO_EXPORT int32_t xgo_debug_sm90_phase_times(unsigned long long* host, int32_t reset) {
-  return xgo::CopyOrResetPhaseTable(xgo::g_sm90_phase_times, host, reset);
-}
-#endif

@@ -48,52 +48,6 @@ __device__ __forceinline__ void AllowNextKernelToLaunch() {
 #endif
 }
 
-// Phase timestamps of the decode kernel (diagnostic builds only: -DXGO_PHASE_TIMES=1, read by
-// xgo_debug_phase_times and benchmarks/phase_probe.py). Thread 0 of each of the first 8192 blocks
-// writes slot k: 0 and 7 %globaltimer (ns, comparable across SMs), 1-6 clock64 (SM cycles), and
-// slot 8 its SM (%smid). Compiled out otherwise.
-#ifndef XGO_PHASE_TIMES
-#define XGO_PHASE_TIMES 0
-#endif
-constexpr int kPhaseBlocks = 8192;
-constexpr int kPhaseEndSlot = 7;  // outputs stored (globaltimer)
-constexpr int kPhaseSmSlot = 8;
-constexpr int kPhaseSlots = 9;
-#if XGO_PHASE_TIMES
-static __device__ unsigned long long g_phase_times[kPhaseBlocks][kPhaseSlots];
-
-// Host side of the diagnostic exports: copies a phase table (a __device__ array) to `host`, or
-// zeroes it when `reset` is nonzero. Returns 0 on success.
-template <typename Table>
-inline int CopyOrResetPhaseTable(const Table& table, void* host, int reset) {
-  if (reset) {
-    void* device = nullptr;
-    if (cudaGetSymbolAddress(&device, table) != cudaSuccess) return 1;
-    return cudaMemset(device, 0, sizeof(Table)) == cudaSuccess ? 0 : 1;
-  }
-  return cudaMemcpyFromSymbol(host, table, sizeof(Table)) == cudaSuccess ? 0 : 1;
-}
-#endif
-__device__ __forceinline__ void RecordPhase([[maybe_unused]] int slot) {
-#if XGO_PHASE_TIMES
-  if (threadIdx.x != 0) return;
-  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (block >= kPhaseBlocks) return;
-  unsigned long long t;
-  if (slot == 0 || slot == kPhaseEndSlot) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } else {
-    t = clock64();
-  }
-  g_phase_times[block][slot] = t;
-  if (slot == 0) {
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    g_phase_times[block][kPhaseSmSlot] = sm;
-  }
-#endif
-}
-
 // num_seqs in [0, max_num_seqs] and query_start_loc[0..num_seqs] in [0, T] and non-decreasing:
 // the row partition every other check relies on. Block-uniform result (all threads call it).
 __device__ __forceinline__ bool RowPartitionIsSound(const PagedAttentionParams& p) {
@@ -1016,7 +970,6 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
                                              s_v_copy + stage * kCopyElems, s_k, s_v);
     }
     __syncthreads();
-    if (tile == range.tile_begin) RecordPhase(4);  // the first K/V tile has landed
     if constexpr (kQInRegisters && !kQBorrowsK) {
       if (tile == range.tile_begin) {  // Q's group is older than this tile's: it has landed
 #pragma unroll
@@ -1151,7 +1104,6 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     }
     __syncthreads();
   }
-  RecordPhase(5);  // every tile computed on
   CpAsyncWait<0>();
   if constexpr (kSelfCheck) {
     if (__syncthreads_or(kv.loader.bad_page || outside_bad)) {  // block-uniform
@@ -1199,8 +1151,6 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   }
   __syncthreads();
   MergeKeyWarpsAndStore<T, kD, kKeyWarps, kOutLds, Exp2Mode::kFull, false>(p, w, s_m, s_l, s_out);
-  RecordPhase(6);  // outputs stored (clock64)
-  RecordPhase(kPhaseEndSlot);  // outputs stored (globaltimer)
 }
 
 // KV: the cache's element type (T, or __nv_fp8_e4m3 read through the scales).
@@ -1210,16 +1160,12 @@ __global__ void __launch_bounds__(kThreads, (MmaKernelConfig<KV, kD, kRowWarps>:
   // Decode tiles run without the prep kernel (launched with programmatic dependent launch).
   constexpr bool kSelfCheck = kRowWarps == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  RecordPhase(0);  // start (globaltimer)
-  RecordPhase(1);  // start (clock64)
   if constexpr (kSelfCheck) {
     WaitForPreviousKernel();
     AllowNextKernelToLaunch();  // the fill/merge kernel may be scheduled; it waits for us
   }
-  RecordPhase(2);  // the previous kernel is done
   TileWork w;
   if (!FindTile<kSelfCheck>(p, w)) return;
-  RecordPhase(3);  // sequence and lengths known
   if (!w.seq_ok) {
     PoisonRows<T>(p, w);
     return;

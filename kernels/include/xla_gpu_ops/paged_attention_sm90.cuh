@@ -50,97 +50,18 @@
 #define XGO_SM90A_DEVICE 0
 #endif
 
-// Build switches (docs/KERNELS.md, "Build switches"): FlashAttention-3's choices (stages,
-// ping-pong, fence), which measured the same as their alternatives on an H100, and two
-// measurement builds (K/V without TMA, no loads after the first fill).
+// Stage counts at D = 64 and D = 128 are build switches (docs/KERNELS.md, "Build switches").
 #ifndef XGO_SM90_STAGES
 #define XGO_SM90_STAGES 2  // K stages at D = 128 (D = 256: 2)
 #endif
 #ifndef XGO_SM90_V_STAGES
 #define XGO_SM90_V_STAGES XGO_SM90_STAGES  // V stages at D = 128 (D = 256: 2)
 #endif
-#ifndef XGO_SM90_EARLY_ITEM
-#define XGO_SM90_EARLY_ITEM 1  // one Q buffer: next item's lookup and first K before its Q wait
-#endif
-#ifndef XGO_SM90_TURN_EDGES
-#define XGO_SM90_TURN_EDGES 1  // two consumers: each item's first S and last P V take turns too
-#endif
 #ifndef XGO_SM90_D64_STAGES
 #define XGO_SM90_D64_STAGES 4  // K and V stages each at D = 64
 #endif
-#ifndef XGO_SM90_PINGPONG
-#define XGO_SM90_PINGPONG 1  // consumers take turns issuing wgmma (D <= 128)
-#endif
-#ifndef XGO_SM90_PROXY_FENCE
-#define XGO_SM90_PROXY_FENCE 1  // fence.proxy.async after each full barrier (see FenceProxyAsync)
-#endif
-#ifndef XGO_SM90_KV_TMA
-#define XGO_SM90_KV_TMA 1  // 0: every K/V tile by cp.async (the producer's gather), no tensor map
-#endif
-#ifndef XGO_SM90_ROW_TMA
-#define XGO_SM90_ROW_TMA 1  // 0: Q and O copied by the threads (cp.async, st.global), no TMA
-#endif
-#ifndef XGO_SM90_PERSISTENT
-#define XGO_SM90_PERSISTENT 1  // 0: one block per item (the launch's grid holds every item)
-#endif
-#ifndef XGO_SM90_D64_CONSUMERS
-#define XGO_SM90_D64_CONSUMERS 3  // consumer warpgroups at D = 64 (192-row items with 3)
-#endif
-#ifndef XGO_SM90_LOAD_ONCE
-// 1: each stage filled once, then reused (the compute-only bound; wrong output)
-#define XGO_SM90_LOAD_ONCE 0
-#endif
 
 namespace xgo {
-
-// Phase timestamps of the sm_90a prefill kernel (diagnostic builds only: -DXGO_PHASE_TIMES=1, read
-// by xgo_debug_sm90_phase_times and benchmarks/phase_probe.py --prefill), one row per block of the
-// first kPhaseBlocks: where a block's time goes between the lookup, the first tile, the loop and
-// the epilogue, and (by SM) the gaps between blocks. clock64 cycles unless named otherwise.
-enum Sm90Phase {
-  kSm90StartNs,         // %globaltimer at the block's start (ns, comparable across SMs)
-  kSm90Start,           // thread 0 at the block's start
-  kSm90Sm,              // %smid
-  kSm90Found,           // thread 0: tile looked up (FindPrefillTile)
-  kSm90Split,           // thread 0: barriers initialised, roles split
-  kSm90ProducerFirstK,  // producer thread 0: the first K tile issued (and Q, but one Q buffer)
-  kSm90FirstTile,       // consumer 0, thread 0: Q and the first K tile landed
-  kSm90FirstStep,       // consumer 0: the first tile's S and softmax done
-  kSm90Loop,            // consumer 0: the last tile's P V done
-  kSm90End,             // consumer 0: epilogue stored
-  kSm90OtherEnd,        // consumer 1, thread 0: epilogue stored
-  kSm90Tiles,           // K/V tiles of the block
-  kSm90EndNs,           // consumer 0: %globaltimer after the epilogue
-  kSm90ProducerEnd,     // producer thread 0: every copy issued
-  kSm90ProducerQ,       // producer thread 0: Q's copies issued (one Q buffer: not yet)
-  kSm90PhaseSlots = 16
-};
-#if XGO_PHASE_TIMES
-static __device__ unsigned long long g_sm90_phase_times[kPhaseBlocks][kSm90PhaseSlots];
-#endif
-__device__ __forceinline__ void StampSm90Value([[maybe_unused]] int slot,
-                                               [[maybe_unused]] unsigned long long value) {
-#if XGO_PHASE_TIMES
-  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (block < kPhaseBlocks) g_sm90_phase_times[block][slot] = value;
-#endif
-}
-// The slot's reading: %globaltimer, %smid or clock64 (see Sm90Phase).
-__device__ __forceinline__ void StampSm90([[maybe_unused]] int slot) {
-#if XGO_PHASE_TIMES
-  unsigned long long t;
-  if (slot == kSm90StartNs || slot == kSm90EndNs) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } else if (slot == kSm90Sm) {
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    t = sm;
-  } else {
-    t = clock64();
-  }
-  StampSm90Value(slot, t);
-#endif
-}
 
 template <int kD>
 struct Sm90PrefillConfig {
@@ -148,7 +69,7 @@ struct Sm90PrefillConfig {
   // products cost half of D = 128's there, so the softmax weighs twice as much per tile step and
   // a third warpgroup has its softmax in flight while the others' products run
   // (FlashAttention-3's and FlashInfer's D = 64 tile).
-  static constexpr int kConsumers = kD == 64 ? XGO_SM90_D64_CONSUMERS : 2;
+  static constexpr int kConsumers = kD == 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockRows = 64 * kConsumers;
   // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
@@ -178,7 +99,7 @@ struct Sm90PrefillConfig {
       2 * kQBytes + kKvBytes + kTableAndBarrierBytes <= 227 * 1024 ? 2 : 1;
   // One Q buffer (D = 256): the producer looks the next item up and issues its first K tile while
   // the consumers still work on the current one, and waits for the buffer only to issue Q.
-  static constexpr bool kQAfterFirstK = XGO_SM90_EARLY_ITEM && kQStages == 1;
+  static constexpr bool kQAfterFirstK = kQStages == 1;
   static constexpr int kQOffset = 0;  // buffer b at kQOffset + b * kQBytes
   static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kKStages * kTileBytes;
@@ -187,11 +108,11 @@ struct Sm90PrefillConfig {
   // Q full/empty per buffer; K, V full/empty per stage.
   static constexpr int kNumBarriers = 2 * (kQStages + kKStages + kVStages);
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
-  static constexpr bool kPingPong = XGO_SM90_PINGPONG && kD <= 128;
+  static constexpr bool kPingPong = kD <= 128;
   // With two consumers (D = 128) an item's first S and last P V go through the issue turns too,
   // so the consumers stay half a step apart across items: one's first softmax and epilogue
   // overlap the other's products. Three consumers (D = 64) measured slower with it (perf log p18).
-  static constexpr bool kTurnEdges = kPingPong && kConsumers == 2 && XGO_SM90_TURN_EDGES;
+  static constexpr bool kTurnEdges = kPingPong && kConsumers == 2;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
   // __launch_bounds__(384, 1)), 128 with three consumers (512 threads); the producer gives back
   // what the consumers take, so producer + consumers x consumer <= warpgroups x entry. D = 256
@@ -367,11 +288,9 @@ __device__ __forceinline__ void FenceSharedForBulkCopy() {
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async
 // proxy: after observing the data (the full barrier), order it before this thread's wgmma.
 // (SASS: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S. FlashAttention-3's cp.async path goes without it;
-// -DXGO_SM90_PROXY_FENCE=0 measures the difference.)
+// on an H100 the kernel measured the same without it.)
 __device__ __forceinline__ void FenceProxyAsync() {
-#if XGO_SM90_PROXY_FENCE
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 __device__ __forceinline__ void NamedBarrierSync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -623,7 +542,7 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   if (!has_tiles) {
     MbarArrive(full);
-  } else if (XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0) {
+  } else if (row_maps.q_box_tokens > 0) {
     if (t == 0) {
       MbarExpectTx(full, static_cast<uint32_t>(row_maps.q_box_tokens) * p.heads_per_block * kD * 2);
 #pragma unroll
@@ -683,15 +602,13 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   const int row0 = t / Cfg::kChunksPerRow;
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
-  if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerQ);
-
   // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
   const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
   int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
   const uint32_t k_tiles = SharedAddress(smem + Cfg::kKOffset);
   const uint32_t v_tiles = SharedAddress(smem + Cfg::kVOffset);
-  const bool tma = XGO_SM90_KV_TMA && kv_map.box_rows > 0;
+  const bool tma = kv_map.box_rows > 0;
   const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
   int key = range.key_base + range.tile_begin * kN + t;
   int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
@@ -701,16 +618,14 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   auto issue_v = [&](int prev) {
     const int stage = prev % Cfg::kVStages;
     MbarWait(bars.VEmpty(stage), ((prev / Cfg::kVStages) & 1) ^ 1);
-    if (!XGO_SM90_LOAD_ONCE || prev < Cfg::kVStages) {
-      if (prev_tma) {
-        if (box_owner) {
-          Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
-                               v_tiles + stage * Cfg::kTileBytes, t, bars.VFull(stage));
-        }
-      } else {
-        Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
-                               smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk);
+    if (prev_tma) {
+      if (box_owner) {
+        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
+                             v_tiles + stage * Cfg::kTileBytes, t, bars.VFull(stage));
       }
+    } else {
+      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
+                             smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk);
     }
     CpAsyncArriveNoInc(bars.VFull(stage));
   };
@@ -743,26 +658,22 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     const int stage = tile % Cfg::kKStages;
     const uint32_t phase = (tile / Cfg::kKStages) & 1;
     MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
-    if (!XGO_SM90_LOAD_ONCE || tile < Cfg::kKStages) {
-      if (tile_tma) {
-        if (box_owner) {
-          Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
-                               bars.KFull(stage));
-        }
-      } else {
-        Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
-                               row0, chunk);
+    if (tile_tma) {
+      if (box_owner) {
+        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
+                             bars.KFull(stage));
       }
+    } else {
+      Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
+                             row0, chunk);
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
-    if (XGO_PHASE_TIMES && step == 0 && t == 0) StampSm90(kSm90ProducerFirstK);
     if (Cfg::kQAfterFirstK && step == 0) issue_q();
     if (step > 0) issue_v(tile - 1);
     prev_slot = slot;
     prev_tma = tile_tma;
   }
   issue_v(tiles_done + num_tiles - 1);
-  if (XGO_PHASE_TIMES && t == 0) StampSm90(kSm90ProducerEnd);
 }
 
 // Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (in a persistent
@@ -783,8 +694,8 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
   using Cfg = Sm90PrefillConfig<kD>;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   if (t == 0) {
-    if (XGO_SM90_KV_TMA && kv_map.box_rows > 0) TmaPrefetchDescriptor(&kv_map.map);
-    if (XGO_SM90_ROW_TMA && row_maps.q_box_tokens > 0) TmaPrefetchDescriptor(&row_maps.q);
+    if (kv_map.box_rows > 0) TmaPrefetchDescriptor(&kv_map.map);
+    if (row_maps.q_box_tokens > 0) TmaPrefetchDescriptor(&row_maps.q);
   }
   int tiles_done = 0;
 #pragma unroll 1
@@ -812,7 +723,6 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
       if (found) {
         item.range = item.w.seq_ok ? SplitKeyRange<Cfg::kBlockN>(p, item.w) : KeyRange{0, 0, 0, 0};
       }
-      if (XGO_PHASE_TIMES && n == 0) StampSm90(kSm90Found);
     }
     NamedBarrierSync(kSm90ProducerBarrier, 128);
     const bool more = WarpUniform(item.more);
@@ -997,7 +907,6 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     const int v_base = UniformMod<Cfg::kVStages>(tiles_done);
     const int stage0 = k_base;
     MbarWait(bars.KFull(stage0), (tiles_done / Cfg::kKStages) & 1);
-    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstTile);
     FenceProxyAsync();
     if (Cfg::kTurnEdges) NamedBarrierSync(my_turn, 256);
     FenceRegisters(s);
@@ -1015,7 +924,6 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     const int key_first = range.key_base + range.tile_begin * kN;
     c.Softmax(p, s, key_first, lane);  // O is zero: nothing to rescale
     C::ToOperand(s, pa);
-    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90FirstStep);
 
     // Step i: S_i = Q K_i^T and O += P_{i-1} V_{i-1} in flight together; softmax of S_i while
     // the PV runs; then rescale O and convert P_i.
@@ -1078,7 +986,6 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     WgmmaWait<0>();
     FenceRegisters(o);
     MbarArrive(bars.VEmpty(last_stage));
-    if (XGO_PHASE_TIMES && cw == 0 && tw == 0) StampSm90(kSm90Loop);
     // Consumer 0 received one turn more than it took (its own first one, passed round by the
     // last consumer): take it, so every named-barrier arrival is matched before the block exits.
     if (Cfg::kPingPong && cw == 0) NamedBarrierSync(my_turn, 256);
@@ -1105,7 +1012,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
     }
     // A warp whose 16 rows are all real stores them by TMA (one box per 64 columns, issued by
     // lane 0, no index arithmetic per row); otherwise row by row.
-    if (XGO_SM90_ROW_TMA && row_maps.out_box_tokens > 0 && row_base + 16 <= w.rows) {
+    if (row_maps.out_box_tokens > 0 && row_base + 16 <= w.rows) {
       FenceSharedForBulkCopy();
       __syncwarp();
       if (lane == 0) {
@@ -1150,11 +1057,6 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
         p.partial_state[split_row] = {c.softmax.max[h], c.softmax.sum[h]};
       }
     }
-  }
-  if (XGO_PHASE_TIMES && tw == 0) {
-    if (cw <= 1) StampSm90(cw == 0 ? kSm90End : kSm90OtherEnd);
-    if (cw == 0) StampSm90(kSm90EndNs);
-    if (cw == 0) StampSm90Value(kSm90Tiles, static_cast<unsigned long long>(num_tiles));
   }
 }
 
@@ -1221,7 +1123,6 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (XGO_PHASE_TIMES && threadIdx.x == 0) StampSm90(kSm90Split);
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
     Sm90ProducerBlock<T, kD>(p, g, index, kv_map, row_maps, smem, bars, s_items);
@@ -1245,11 +1146,6 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
 #if XGO_SM90A_DEVICE
   using Cfg = Sm90PrefillConfig<kD>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  if (XGO_PHASE_TIMES && threadIdx.x == 0) {
-    StampSm90(kSm90StartNs);
-    StampSm90(kSm90Start);
-    StampSm90(kSm90Sm);
-  }
   int index = 0;
   if (IsShortBlock(g, index)) {
     if constexpr (Cfg::kShortRegion) {

@@ -26,25 +26,12 @@
 
 namespace xgo {
 
-// Keys per short-region KV split (paged_attention_params.cuh). A tuning build for a short-split
-// sweep lowers it, e.g. -DXGO_SHORT_SPLIT_KEYS=256.
-#ifndef XGO_SHORT_SPLIT_KEYS
-#define XGO_SHORT_SPLIT_KEYS 8192
-#endif
-int64_t ShortSplitKeys() { return XGO_SHORT_SPLIT_KEYS; }
-
 namespace {
 
 constexpr int64_t kMaxPrepBlocks = 1024;
 constexpr int64_t kMaxGridY = 65535;
 
 bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// Fixed cost of one split block beyond its key tiles (start-up, epilogue, partial output and its
-// merge), in units of kMmaTileKeys keys (a decode tile; two at 16-bit D = 256): without it the
-// fill rule alone chased a 0.3 % better fill with 37 splits of 7 tiles (B=8, ctx 16k, Hq 64 /
-// Hkv 8: 169.8 us vs 152.9 us with 12 splits, H200).
-constexpr int64_t kSplitOverheadTiles = 1;
 
 // Blocks of one KV split that can own rows: real q tiles are at most min(num_q_tiles, T), since
 // each holds at least one token.
@@ -57,7 +44,8 @@ int64_t BlocksPerSplit(const PagedAttentionPlan& plan, const PagedAttentionParam
 // splits on ties (blocks of one split are ~equal in decode, so a partial last wave idles SMs, and
 // one wave just under the slot count beats a second wave of a few blocks; key tiles from the
 // static capacity pages_per_seq x page_size). Otherwise: the fewest splits whose blocks fill the
-// resident slots (SMs x blocks per SM) within 2 % of the best fill.
+// resident slots (SMs x blocks per SM) within kSplitFillTolerance of the best fill. Both
+// constants: paged_attention/tuning.h.
 int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& params,
                  int64_t slots) {
   if (plan.num_splits <= 1 || slots <= 0) return plan.num_splits;
@@ -86,7 +74,7 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
   double best_fill = 0.0;
   for (int splits = 1; splits <= plan.num_splits; ++splits) best_fill = std::max(best_fill, fill(splits));
   for (int splits = 1; splits <= plan.num_splits; ++splits) {
-    if (fill(splits) >= best_fill - 0.02) return splits;
+    if (fill(splits) >= best_fill - kSplitFillTolerance) return splits;
   }
   return plan.num_splits;
 }
@@ -158,7 +146,7 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
   params.num_splits = ChooseSplits(plan, params, info.slots);
   // The decode kernel (the programmatic launch) numbers head blocks fastest when its blocks take
   // more than one wave: the blocks resident at once then read all kv heads of fewer sequences
-  // (-1 to -1.6 %, perf log d20). In one wave every block is resident anyway (the anchor ran
+  // (-1 to -1.6 %). In one wave every block is resident anyway (the anchor ran
   // 0.3 % slower that way). grid.y holds 65535 q tiles.
   const int64_t q_tiles = plan.num_q_tiles, head_blocks = plan.num_head_blocks;
   const int64_t blocks = BlocksPerSplit(plan, params) * params.num_splits;

@@ -258,7 +258,7 @@ __device__ __forceinline__ bool FindTile(const PagedAttentionParams& p, TileWork
   const int n = *p.num_seqs;
   if (kSelfCheck && (n < 0 || n > p.max_num_seqs)) return false;
   // Decode launches number head blocks fastest where grid.y holds the q tiles (params), so the
-  // blocks resident at once read all kv heads of fewer sequences (perf log d20).
+  // blocks resident at once read all kv heads of fewer sequences.
   const bool heads_fastest = kSelfCheck && p.head_blocks_fastest != 0;
   const int q_tile = heads_fastest ? blockIdx.y : blockIdx.x;
   const int q_tiles = heads_fastest ? gridDim.y : gridDim.x;
@@ -654,14 +654,7 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
 // kRowWarps x kKeyWarps = 4 warps. Warp (wm, wn) owns query rows [16 wm, 16 wm + 16) and keys
 // [wn * kBlockN / kKeyWarps, ...) of every tile; with kKeyWarps > 1 (decode) the warps' partial
 // softmax states are merged through shared memory at the end.
-// Decode tiles: 3 stages (2 tiles in flight while one is computed on). D=128 then fits 2 blocks/SM
-// (100 KB), and the split model picks 1 split on the anchor: one wave and no merge. Measured
-// against 2 stages at 3 blocks/SM: anchor -1.8 us, B=32 1k -4.8 us, B=32 16k +4 us (H200).
-constexpr int kDecodeStages = 3;
-// 64-row tiles (prefill-like batches at D=256 off Hopper): 2 stages. 3 or 4 left fewer blocks per
-// SM and measured slower (H200).
-constexpr int kRowTileStages = 2;
-
+// Stages and tile keys by default: kDecodeStages / kRowTileStages, kMmaTileKeys (tuning.h).
 template <int kD, int kRowWarps,
           int kStagesOfTile = kRowWarps == 1 ? kDecodeStages : kRowTileStages,
           int kTileKeys = kMmaTileKeys>
@@ -673,8 +666,7 @@ struct MmaConfig {
   // Row stride (TileOffset): unpadded, 16-byte chunks XOR-swizzled (a 16-byte pad made cp.async
   // ask L2 twice for half of the sectors), except 64-key tiles at D=256 (row tiles, short
   // blocks): padded rows, whose plain addresses measured faster there at 1 block/SM (352 -> 339
-  // us, H200). The 32-key D=256 decode tiles at 2 blocks/SM gained nothing with padded rows
-  // (perf log d17).
+  // us, H200). The 32-key D=256 decode tiles at 2 blocks/SM gained nothing with padded rows.
   static constexpr int kLds = kD <= 128 || kTileKeys < kMmaTileKeys ? kD : kD + 8;
   static constexpr int kBlockRows = 16 * kRowWarps;
   static constexpr int kOutLds = kD + 4;
@@ -687,13 +679,11 @@ struct MmaConfig {
   static constexpr int kQSmemRows = kQBorrowsK ? 0 : kBlockRows;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
-  // Decode tiles (D <= 128): registers capped for 3 blocks (12 warps) per SM, which 2 stages
-  // allowed. At 3 stages shared memory admits 2 blocks of D=128; uncapping measured the same, so
-  // the measured cap stays; D=64 capped for 5 blocks spilled and was slower. Row tiles: the same
-  // cap spilled 200 bytes and measured 955 us vs 887 us uncapped (H200), so no cap. D=256
-  // decode tiles: 2 blocks (their 104 KB of shared memory), which costs no registers (<= 255).
-  static constexpr int kMinBlocks = kD > 128 ? (kTileKeys < kMmaTileKeys ? 2 : 1)
-                                   : kRowWarps == 4 ? 1 : 3;
+  // Register caps (tuning.h): decode tiles kDecodeMinBlocks, 32-key D = 256 decode tiles
+  // kD256DecodeMinBlocks; 64-row tiles and 64-key D = 256 tiles none.
+  static constexpr int kMinBlocks =
+      kD > 128 ? (kTileKeys < kMmaTileKeys ? kD256DecodeMinBlocks : 1)
+               : (kRowWarps == 4 ? 1 : kDecodeMinBlocks);
   static constexpr bool kConvertInRegisters = false;  // fp8 only (MmaFp8Config)
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
@@ -704,12 +694,9 @@ struct MmaConfig {
 // kStages stages of [kBlockN][kD] byte tiles (half a 16-bit stage; k_scale and v_scale stay
 // outside: logits and outputs are scaled).
 // Decode tiles (kConvertInRegisters) read the fp8 tiles with ldmatrix and convert each fragment in
-// registers (FP8 FRAGMENTS below): no 16-bit copy. 4 stages keep 3 fp8 tiles in flight; at D=128
-// 68 KB admit 3 blocks/SM, as many as the register cap. D=256: 3 stages (104 KB), 2 blocks/SM.
+// registers (FP8 FRAGMENTS below): no 16-bit copy; kFp8DecodeStages stages (tuning.h).
 // 64-row tiles: 4 warps read every key of a tile, so each tile is dequantised once into a single
 // 16-bit K/V tile pair in MmaConfig's layout, which the mma.sync loop reads unchanged.
-template <int kD>
-inline constexpr int kFp8DecodeStages = kD > 128 ? 3 : 4;
 template <int kD, int kRowWarps,
           int kStagesOfTile = kRowWarps == 1 ? kFp8DecodeStages<kD> : kRowTileStages>
 struct MmaFp8Config : MmaConfig<kD, kRowWarps, kStagesOfTile> {
@@ -851,13 +838,12 @@ template <typename KV, int kD, int kRowWarps, int kStages = kTileStages<KV, kD, 
           int kTileKeys = kMmaTileKeys>
 using MmaTileConfig = std::conditional_t<IsFp8<KV>, MmaFp8Config<kD, kRowWarps, kStages>,
                                          MmaConfig<kD, kRowWarps, kStages, kTileKeys>>;
-// Keys per tile of the decode kernel (PagedAttentionMmaKernel). 16-bit D = 256 decode: 32, so 3
-// stages fit two blocks (8 warps) per SM; at 64 keys one block of 4 warps per SM left the kernel
-// latency-bound (perf log d17). Each warp then owns 8 keys of a tile: Q K^T by ldmatrix over two
-// d steps, P V by m16n8k8. fp8 keeps 64 (stages of half the size: 2 blocks per SM already).
+// Keys per tile of the decode kernel (PagedAttentionMmaKernel). 16-bit D = 256 decode:
+// kD256DecodeTileKeys (tuning.h); each warp then owns 8 keys of a tile: Q K^T by ldmatrix over
+// two d steps, P V by m16n8k8. fp8 keeps 64 (stages of half the size: 2 blocks per SM already).
 template <typename KV, int kD, int kRowWarps>
 inline constexpr int kKernelTileKeys =
-    kRowWarps == 1 && kD > 128 && !IsFp8<KV> ? kMmaTileKeys / 2 : kMmaTileKeys;
+    kRowWarps == 1 && kD > 128 && !IsFp8<KV> ? kD256DecodeTileKeys : kMmaTileKeys;
 template <typename KV, int kD, int kRowWarps>
 using MmaKernelConfig = MmaTileConfig<KV, kD, kRowWarps, kTileStages<KV, kD, kRowWarps>,
                                       kKernelTileKeys<KV, kD, kRowWarps>>;
@@ -1319,10 +1305,9 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kMergeGroups = kThreads / 32;
 enum class MergeRows { kTokens, kTokensAndFill, kShortSequences };
 
-// 8 blocks per SM (<= 64 registers): a decode batch's 1024 rows (B32 x Hq32) merge in one wave;
-// at 108 registers (8 parts in flight per lane) they took two and B32 x 4k at D64 lost 1.2 us.
+// kMergeMinBlocks blocks per SM (tuning.h).
 template <typename T, MergeRows kRows>
-__global__ void __launch_bounds__(kThreads, 8)
+__global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
     PagedAttentionMergeKernel(const __grid_constant__ PagedAttentionParams p) {
   constexpr bool kFill = kRows == MergeRows::kTokensAndFill;
   constexpr bool kShort = kRows == MergeRows::kShortSequences;

@@ -9,6 +9,7 @@
 
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/paged_attention.h"
+#include "xla_gpu_ops/paged_attention/tuning.h"
 
 namespace xgo {
 
@@ -36,39 +37,9 @@ struct alignas(8) PartState {
   float max, sum;
 };
 constexpr int64_t kPartStateFloats = sizeof(PartState) / sizeof(float);
-constexpr int kThreads = 128;            // every attention block: 4 warps
-constexpr int kTargetBlocks = 2048;  // upper bound of blocks; the launcher picks <= splits by SM count
-// Decode: room for several waves of split blocks (the launcher picks the count that fills the
-// GPU best; e.g. Hq = Hkv = 32, B = 32 has 1024 blocks per split, 2.6 waves at 3 blocks/SM).
-constexpr int kDecodeTargetBlocks = 8192;
-constexpr int64_t kMinSplitKeys = 256;  // a KV split below this costs more to merge than it saves
-// Keys per K/V tile of the mma.sync tile kernels (MmaConfig; the 16-bit D = 256 decode kernel
-// takes half, kKernelTileKeys), and the unit of decode splits.
-constexpr int kMmaTileKeys = 64;
-// Decode: splits down to kMmaTileKeys keys, and the launcher's cost model picks the count. A
-// split of more tiles than the tile kernel's K/V stages waits a second round trip for its last
-// ones: B = 1 x 1k on an H100 as 4 splits of 4 tiles spent 3.6 us on its last 3 tiles after 3.7
-// us for the first (phase probe), nearly all of its kernel time beyond the lookup.
-constexpr int64_t kMinDecodeSplitKeys = kMmaTileKeys;
-constexpr int kMaxSplits = 128;
-// Short sequences of a prefill-like batch (the decodes of a mixed batch): KV splits of about
-// ShortSplitKeys() keys of the static capacity each (8192), at most kShortTargetBlocks blocks. On
-// the benchmark's mixed batch (capacity 8k) 1 split measured best: 391 us against 411 / 419 /
-// 436 us with 2 / 4 / 8 (H200): the prefill blocks beside them already fill the GPU, and each
-// split costs a block start-up and the merge. Defined in paged_attention_launch.cu, where a
-// tuning build lowers it (XGO_SHORT_SPLIT_KEYS) to size room for a sweep: build switches reach
-// the CUDA sources only, and Describe (host compiler) must size the workspace the launcher uses.
-int64_t ShortSplitKeys();
-constexpr int kShortTargetBlocks = 4096;
+constexpr int kThreads = 128;  // every attention block: 4 warps
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
-
-// Query tokens per sequence slot (num_tokens / max_num_seqs) from which a prefill-like batch
-// counts as mostly prefill: the benchmark's prefills have 2048-8192, its mixed batch 54.
-constexpr int64_t kMostlyPrefillTokens = 256;
-
-// Rows of a prefill tile (paged_attention_prefill.cuh asserts its PrefillConfig agrees).
-constexpr int kPrefillBlockRows = 128;
 
 // Which kernels a call runs; the one place that decides it.
 enum class AttentionPath {
@@ -117,7 +88,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.
-  const bool decode_like = c.num_tokens <= 2 * c.max_num_seqs;
+  const bool decode_like = c.num_tokens <= kDecodeLikeTokensPerSeq * c.max_num_seqs;
   p.row_warps = (p.tensor_cores && !decode_like) ? 4 : 1;
   if (!p.tensor_cores) {
     p.path = AttentionPath::kF32Fma;
@@ -168,8 +139,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
     if (short_splits > by_length) short_splits = by_length;
-    const int64_t split_keys = ShortSplitKeys();
-    const int64_t by_short_keys = (capacity + split_keys - 1) / split_keys;
+    const int64_t by_short_keys = (capacity + kShortSplitKeys - 1) / kShortSplitKeys;
     if (short_splits > by_short_keys) short_splits = by_short_keys;
     if (short_splits > kMaxSplits) short_splits = kMaxSplits;
     if (short_splits < 1) short_splits = 1;

@@ -5,8 +5,7 @@
 //   warp loads from shared memory feeds four MMAs instead of two (ldmatrix : MMA 1 : 2.7 with the
 //   Q reloads, against 1 : 2 in the 64-row kernel, which ncu showed latency-bound at 0.40
 //   eligible warps per scheduler).
-// K/V tiles of 32 keys: 64-key tiles need 32 more score registers per thread and spilled (84 B) at the
-// 255-register limit of 2 blocks/SM; measured 604 vs 553 us (H200, docs/perf-log.md).
+// K/V tiles of kPrefillTileKeys (32) keys; the tuned values: paged_attention/tuning.h.
 // Q stays in shared memory (reloaded per k-step: 32 rows x D in registers would not fit beside the
 // 32 x D f32 accumulators); P stays in registers (S accumulators -> A fragments); exp2 on
 // log2-domain logits; only tiles a warp's rows partly see are masked element by element, tiles
@@ -43,19 +42,19 @@ int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, Prefil
 template <int kD>
 struct PrefillConfig {
   static constexpr int kWarps = 4;
-  static constexpr int kRowsPerWarp = 32;  // two m16 tiles
-  static constexpr int kBlockRows = kWarps * kRowsPerWarp;
-  static constexpr int kBlockN = 32;  // 64-key tiles spilled (see the top of this file)
+  static constexpr int kBlockRows = kPrefillBlockRows;
+  static constexpr int kRowsPerWarp = kBlockRows / kWarps;
+  static constexpr int kBlockN = kPrefillTileKeys;
   // Blocks of <= 16 rows split each tile's keys over this many warps (16 keys or more each).
   static constexpr int kDecodeKeyWarps = kBlockN / 16 < 4 ? kBlockN / 16 : 4;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kPrefillStages;
   // Padded rows (TileOffset): the decode tiles' XOR swizzle spilled 40 bytes here and measured
   // 10-12 % slower (H200).
   static constexpr int kLds = kD + 8;
   static constexpr size_t kSmemBytes =
       static_cast<size_t>(kBlockRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, K/V stages
   static_assert(kThreads == kWarps * 32, "4 warps");
-  static_assert(kBlockRows == kPrefillBlockRows, "the plan and the grid limits assume 128 rows");
+  static_assert(kRowsPerWarp == 32, "two m16 tiles per warp (PagedAttentionPrefillKernel)");
 };
 
 // The launch's block counts: prefill blocks and short sequence blocks (S x head blocks x
@@ -81,11 +80,9 @@ __device__ __forceinline__ int NextPrefillItem(const PagedAttentionParams& p,
 }
 
 // Short-region decode blocks (MmaTileBlock, 64-key tiles) run in the prefill launch's shared
-// memory, max(prefill, short): 2 K/V stages fit in the prefill block's (3 stages, 100 KB,
-// measured the same on the mixed batch: 391 vs 393 us, H200).
-constexpr int kShortStages = 2;
+// memory, max(prefill, short), with kPrefillShortStages stages (tuning.h).
 template <int kD>
-using ShortConfig = MmaConfig<kD, 1, kShortStages>;
+using ShortConfig = MmaConfig<kD, 1, kPrefillShortStages>;
 
 // This block's region and its index in it: short and prefill blocks alternate while both last,
 // so the memory-bound and the tensor-bound kind share the GPU instead of following each other
@@ -420,9 +417,9 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 }
 
 // Prefill tiles, and (with a short region) the short sequences as 16-row decode blocks with their
-// own KV splits: the decode kernel's body (MmaTileBlock) in ShortConfig's 2 stages.
+// own KV splits: the decode kernel's body (MmaTileBlock) in ShortConfig's stages.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kPrefillMinBlocks)
     PagedAttentionPrefillKernel(const __grid_constant__ PagedAttentionParams p, PrefillGrid g) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileWork w;
@@ -443,7 +440,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     PoisonRows<T>(p, w);
     return;
   }
-  MmaTileBlock<T, kD, 1, kShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(p, w, smem_raw);
+  MmaTileBlock<T, kD, 1, kPrefillShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(
+      p, w, smem_raw);
 }
 
 }  // namespace xgo

@@ -50,36 +50,23 @@
 #define XGO_SM90A_DEVICE 0
 #endif
 
-// Stage counts at D = 64 and D = 128 are build switches (docs/KERNELS.md, "Build switches").
-#ifndef XGO_SM90_STAGES
-#define XGO_SM90_STAGES 2  // K stages at D = 128 (D = 256: 2)
-#endif
-#ifndef XGO_SM90_V_STAGES
-#define XGO_SM90_V_STAGES XGO_SM90_STAGES  // V stages at D = 128 (D = 256: 2)
-#endif
-#ifndef XGO_SM90_D64_STAGES
-#define XGO_SM90_D64_STAGES 4  // K and V stages each at D = 64
-#endif
-
 namespace xgo {
 
 template <int kD>
 struct Sm90PrefillConfig {
-  // Consumer warpgroups, 64 query rows each. D = 64 takes three (192-row items): a score's two
-  // products cost half of D = 128's there, so the softmax weighs twice as much per tile step and
-  // a third warpgroup has its softmax in flight while the others' products run
-  // (FlashAttention-3's and FlashInfer's D = 64 tile).
-  static constexpr int kConsumers = kD == 64 ? 3 : 2;
+  // Consumer warpgroups, 64 query rows each; D = 64 takes kSm90D64Consumers (192-row items).
+  // The tuned values of this config (consumers, tile keys, stages): paged_attention/tuning.h.
+  static constexpr int kConsumers = kD == 64 ? kSm90D64Consumers : 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kBlockRows = 64 * kConsumers;
   // D = 256: 64-key tiles (Q 64 KB + 2 x 2 stages of 32 KB fit; 128-key tiles would not).
-  static constexpr int kBlockN = kD > 128 ? 64 : 128;
-  // D = 64: four K and four V stages (its tiles are half D = 128's, so they fit beside the
-  // 192-row Q buffers); with three consumers three stages were 2-3 % faster than two, four
-  // another 0-2.5 % (perf log p13, p14).
-  static constexpr int kKStages = kD == 64 ? XGO_SM90_D64_STAGES : kD <= 128 ? XGO_SM90_STAGES : 2;
+  static constexpr int kBlockN = kD > 128 ? kSm90D256TileKeys : kSm90TileKeys;
+  // D = 64: its tiles are half D = 128's, so four K and four V stages fit beside the 192-row Q
+  // buffers.
+  static constexpr int kKStages =
+      kD == 64 ? kSm90D64Stages : kD <= 128 ? kSm90KStages : kSm90D256Stages;
   static constexpr int kVStages =
-      kD == 64 ? XGO_SM90_D64_STAGES : kD <= 128 ? XGO_SM90_V_STAGES : 2;
+      kD == 64 ? kSm90D64Stages : kD <= 128 ? kSm90VStages : kSm90D256Stages;
   static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of a 16-bit row
   static constexpr int kRowsPerPass = 128 / kChunksPerRow;   // rows the producer copies per pass
   static constexpr int kScoreRegs = kBlockN / 2;             // S accumulators per thread
@@ -111,7 +98,7 @@ struct Sm90PrefillConfig {
   static constexpr bool kPingPong = kD <= 128;
   // With two consumers (D = 128) an item's first S and last P V go through the issue turns too,
   // so the consumers stay half a step apart across items: one's first softmax and epilogue
-  // overlap the other's products. Three consumers (D = 64) measured slower with it (perf log p18).
+  // overlap the other's products. Three consumers (D = 64) measured slower with it.
   static constexpr bool kTurnEdges = kPingPong && kConsumers == 2;
   // setmaxnreg budgets: the block starts with 168 registers per thread (64512 for 384 threads,
   // __launch_bounds__(384, 1)), 128 with three consumers (512 threads); the producer gives back
@@ -132,9 +119,8 @@ struct Sm90PrefillConfig {
                 "register pool");
   // Short region (prefill-like batches with decodes, D <= 128): the decode body in its own stages.
   static constexpr bool kShortRegion = kD <= 128;
-  // Short blocks own the SM's shared memory, so 3 stages fit (the mma.sync kernel's short blocks
-  // measured the same with 2 and 3).
-  static constexpr int kShortStages = 3;
+  // Short blocks own the SM's shared memory (kSm90ShortStages).
+  static constexpr int kShortStages = kSm90ShortStages;
   static constexpr size_t kShortSmemBytes =
       kShortRegion ? MmaConfig<kD, 1, kShortStages>::kSmemBytes : 0;
   static constexpr size_t kLaunchSmemBytes =

@@ -1,7 +1,7 @@
 // paged_attention: PagedAttention::Launch (paged_attention.h). The plan (paged_attention_params.cuh)
 // says which kernel path runs; this file enqueues it on the caller's stream: prep -> attention ->
-// (merge). No sync, no allocation, metadata never read on the host. The plan comes from static
-// shapes only, so the workspace size is known when a graph is traced.
+// (merge). No sync, no allocation, metadata never read on the host. The plan's workspace comes
+// from static shapes only, so its size is known when a graph is traced.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -303,11 +303,9 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
                 "bfloat16 queries",
                 DtypeText(c.kv_dtype).c_str());
   }
-  PagedAttentionPlan plan = MakePagedAttentionPlan(c);
-  // The one device-dependent choice: prefill tiles on Hopper run the wgmma kernel.
-  PrefillKernel prefill = PrefillKernel::kMmaSync;
-  XGO_RETURN_IF_FAILED(ChoosePrefillKernel(plan, static_cast<int>(c.head_dim), &prefill));
-  if (prefill == PrefillKernel::kSm90) plan.path = AttentionPath::kPrefillSm90;
+  PlanDevice device;
+  XGO_RETURN_IF_FAILED(QueryPlanDevice(&device));
+  const PagedAttentionPlan plan = MakePagedAttentionPlan(c, device);
   if (c.num_tokens == 0) return XGO_OK;  // empty batch: no rows to write
   for (int i = 0; i <= kWorkspace; ++i) {
     const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];

@@ -1,6 +1,7 @@
 // paged_attention: launch of the prefill tiles of prefill-like f16/bf16 batches (LaunchMma in
 // paged_attention_launch.cu calls it): the 128-row mma.sync kernel (paged_attention_prefill.cuh)
-// or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), chosen by ChoosePrefillKernel.
+// or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), as the plan's path says; and the
+// device facts the plan takes (QueryPlanDevice).
 // Internal (hidden visibility, the library default) apart from the xgo_debug_* test hooks.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -12,8 +13,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -258,7 +257,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
       status != XGO_OK) {
     return status;
   }
-  if (!info.has_code) {  // ChoosePrefillKernel asked the same question: not reached
+  if (!info.has_code) {  // the plan asked the same question (QueryPlanDevice): not reached
     return Fail(XGO_CUDA_ERROR, "paged_attention: no sm_90a code for the wgmma prefill kernel");
   }
   PrefillLaunch launch{};
@@ -277,31 +276,8 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   return XGO_OK;
 }
 
-// XLA_GPU_OPS_PREFILL_KERNEL, read once per process: "mma" keeps the mma.sync kernel; anything
-// else (or unset) lets ChoosePrefillKernel decide. xgo_debug_force_prefill_kernel overrides it.
-// Plans with a short region stay on the mma.sync kernel, whose 128-thread blocks share an SM with
-// the short blocks, unless they are mostly prefill (PagedAttentionPlan::mostly_prefill): on the
-// benchmark's mixed batch (54 tokens per sequence slot) the wgmma kernel with its own short
-// blocks took 560 us against 450 us, on its one-split causal prefills (2048-8192 tokens per slot)
-// 0.71-0.81x the mma.sync time (H100, 2026-11-23).
-
-constexpr int kPrefillKernelUnread = -2;
-constexpr int kPrefillKernelAuto = -1;
-std::atomic<int> g_forced_prefill_kernel{kPrefillKernelUnread};
-
-int ForcedPrefillKernel() {
-  int forced = g_forced_prefill_kernel.load(std::memory_order_relaxed);
-  if (forced == kPrefillKernelUnread) {
-    const char* env = std::getenv("XLA_GPU_OPS_PREFILL_KERNEL");
-    const int from_env = env != nullptr && std::strcmp(env, "mma") == 0
-                             ? static_cast<int>(PrefillKernel::kMmaSync)
-                             : kPrefillKernelAuto;
-    int expected = kPrefillKernelUnread;
-    g_forced_prefill_kernel.compare_exchange_strong(expected, from_env);
-    forced = g_forced_prefill_kernel.load(std::memory_order_relaxed);
-  }
-  return forced;
-}
+// The prefill kernel xgo_debug_force_prefill_kernel asks for (PrefillKernelChoice's value).
+std::atomic<int> g_prefill_kernel{static_cast<int>(PrefillKernelChoice::kAuto)};
 
 // Whether the current device runs the sm_90a kernel (any instance answers for all: they are
 // compiled in the same passes).
@@ -317,28 +293,16 @@ int32_t Sm90PrefillAvailable(bool* available) {
 
 }  // namespace
 
-int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel) {
-  *kernel = PrefillKernel::kMmaSync;
-  // fp8 caches: only the mma.sync tile kernels dequantise (the plan's kRowsMma path).
-  if (!plan.tensor_cores || plan.row_warps != 4 || plan.fp8_kv) return XGO_OK;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) return XGO_OK;
-  const int forced = ForcedPrefillKernel();
-  if (forced == static_cast<int>(PrefillKernel::kMmaSync)) return XGO_OK;
-  // Mixed batches stay on mma.sync unless mostly prefill or forced (A/B probes, tests).
-  const bool forced_sm90 = forced == static_cast<int>(PrefillKernel::kSm90);
-  if (!forced_sm90 && plan.short_splits > 0 && !plan.mostly_prefill) {
-    return XGO_OK;
-  }
-  bool available = false;
-  if (const int32_t status = Sm90PrefillAvailable(&available); status != XGO_OK) return status;
-  if (available) *kernel = PrefillKernel::kSm90;
-  return XGO_OK;
+int32_t QueryPlanDevice(PlanDevice* device) {
+  device->prefill_kernel =
+      static_cast<PrefillKernelChoice>(g_prefill_kernel.load(std::memory_order_relaxed));
+  return Sm90PrefillAvailable(&device->sm90_prefill);
 }
 
 template <typename T>
 int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                cudaStream_t stream) {
-  const bool sm90 = plan.path == AttentionPath::kPrefillSm90;  // PagedAttention::Launch chose
+  const bool sm90 = plan.path == AttentionPath::kPrefillSm90;
   if (sm90) {
     switch (params.head_dim) {
       case 64:
@@ -367,15 +331,13 @@ template int32_t LaunchPrefillAttention<__nv_bfloat16>(const PagedAttentionPlan&
 
 }  // namespace xgo
 
-// Test and benchmark hooks (not part of c_api.h): run the old and the new prefill kernel side
-// by side in one process. kernel: -1 lets the launcher choose (the default), 0 forces the
-// mma.sync kernel, 1 the sm_90a kernel where the device has it (elsewhere the launcher still
-// falls back to mma.sync). Returns the previous setting.
+// Test and benchmark hooks (not part of c_api.h): run the two prefill kernels side by side in one
+// process. kernel (the plan's PlanDevice::prefill_kernel from the next launch on): -1 lets the
+// plan choose (the default), 0 forces the mma.sync kernel, 1 the sm_90a kernel where the device
+// has it (elsewhere the plan still takes mma.sync). Returns the previous setting.
 extern "C" XGO_EXPORT int32_t xgo_debug_force_prefill_kernel(int32_t kernel) {
-  const int previous = xgo::ForcedPrefillKernel();
-  xgo::g_forced_prefill_kernel.store(kernel < 0 ? xgo::kPrefillKernelAuto : (kernel == 0 ? 0 : 1),
-                                     std::memory_order_relaxed);
-  return previous;
+  const int choice = static_cast<int>(xgo::PrefillKernelChoiceOf(kernel));
+  return xgo::g_prefill_kernel.exchange(choice, std::memory_order_relaxed);
 }
 
 // 1 if the current device runs the sm_90a prefill kernel (compute capability 9.x and sm_90a code

@@ -41,16 +41,33 @@ constexpr int kThreads = 128;  // every attention block: 4 warps
 constexpr int kPrepPagesPerThread = 8;
 constexpr int kPrepPages = kThreads * kPrepPagesPerThread;  // page entries checked per prep block
 
-// Which kernels a call runs; the one place that decides it.
+// Which kernels a call runs; MakePagedAttentionPlan is the one place that decides it. (The
+// values are what xgo_debug_paged_attention_plan reports.)
 enum class AttentionPath {
-  kF32Fma,      // f32: prep -> exact-f32 FMA kernel -> merge
-  kDecodeMma,   // f16/bf16, decode-like: self-checking mma.sync kernel -> fill or merge
-  kPrefillMma,  // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
-                // region) -> merges
-  kRowsMma,     // f16/bf16, prefill-like, head_dim 256 or an fp8 cache: prep -> 64-row
-                // mma.sync kernel -> merge
-  kPrefillSm90,  // f16/bf16, prefill-like, Hopper with sm_90a code: prep -> wgmma kernel (+ short
-                 // region) -> merges; chosen at launch (PagedAttention::Launch)
+  kF32Fma = 0,       // f32: prep -> exact-f32 FMA kernel -> merge
+  kDecodeMma = 1,    // f16/bf16, decode-like: self-checking mma.sync kernel -> fill or merge
+  kPrefillMma = 2,   // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
+                     // region) -> merges
+  kRowsMma = 3,      // f16/bf16, prefill-like, head_dim 256 or an fp8 cache: prep -> 64-row
+                     // mma.sync kernel -> merge
+  kPrefillSm90 = 4,  // f16/bf16 (16-bit cache), prefill-like, a Hopper device with sm_90a code:
+                     // prep -> wgmma kernel (+ short region) -> merges
+};
+
+// Which prefill kernel a prefill-like f16/bf16 call may take: the plan's choice, or one kernel
+// forced for a comparison of the two (tests, A/B runs; xgo_debug_force_prefill_kernel). Values:
+// that hook's argument.
+enum class PrefillKernelChoice { kAuto = -1, kMmaSync = 0, kSm90 = 1 };
+inline PrefillKernelChoice PrefillKernelChoiceOf(int32_t value) {
+  return value < 0 ? PrefillKernelChoice::kAuto
+                   : (value == 0 ? PrefillKernelChoice::kMmaSync : PrefillKernelChoice::kSm90);
+}
+
+// What the plan needs of the device a call runs on (PagedAttention::Launch asks the device).
+// Describe plans with the default: the workspace does not depend on it.
+struct PlanDevice {
+  bool sm90_prefill = false;  // compute capability 9.x, and this library holds sm_90a code
+  PrefillKernelChoice prefill_kernel = PrefillKernelChoice::kAuto;
 };
 
 struct PagedAttentionPlan {
@@ -71,20 +88,42 @@ struct PagedAttentionPlan {
   // each (0: no short region), their parts indexed by sequence.
   int short_tokens;
   int short_splits;
-  // At least kMostlyPrefillTokens query tokens per sequence slot on average: few short
-  // sequences can be in the batch (ChoosePrefillKernel).
-  bool mostly_prefill;
   int64_t state_offset, out_offset, short_order_offset, short_state_offset, short_out_offset;
   int64_t workspace_elems;
 };
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) {
+// Prefill tiles of a prefill-like f16/bf16 plan (16-bit cache) go to the sm_90a kernel where the
+// device runs it, unless forced onto mma.sync. Plans with a short region stay on the mma.sync
+// kernel, whose 128-thread blocks share an SM with the short blocks, unless they are mostly
+// prefill (kMostlyPrefillTokens) or forced: on the benchmark's mixed batch (54 tokens per
+// sequence slot) the wgmma kernel with its own short blocks took 560 us against 450 us, on its
+// one-split causal prefills (2048-8192 tokens per slot) 0.71-0.81x the mma.sync time (H100).
+inline bool UsesSm90Prefill(const PagedAttentionConfig& c, const PagedAttentionPlan& p,
+                            const PlanDevice& device) {
+  if (p.path != AttentionPath::kPrefillMma && p.path != AttentionPath::kRowsMma) return false;
+  if (p.fp8_kv || !device.sm90_prefill) return false;
+  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
+  switch (device.prefill_kernel) {
+    case PrefillKernelChoice::kMmaSync:
+      return false;
+    case PrefillKernelChoice::kSm90:
+      return true;
+    case PrefillKernelChoice::kAuto:
+      break;
+  }
+  const bool mostly_prefill = c.num_tokens >= kMostlyPrefillTokens * c.max_num_seqs;
+  return p.short_splits == 0 || mostly_prefill;
+}
+
+// The plan of a call from its static shapes and the device's facts (PlanDevice): the path, the
+// grid, the KV splits and the workspace layout. The workspace depends on the shapes only.
+inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
+                                                 const PlanDevice& device = PlanDevice{}) {
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
   p.fp8_kv = c.kv_dtype == XGO_F8E4M3FN;
-  p.mostly_prefill = c.num_tokens >= kMostlyPrefillTokens * c.max_num_seqs;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.
@@ -154,6 +193,9 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c) 
     }
   }
   p.workspace_elems = elems;
+  // The same workspace either way: the sm_90a kernel runs the splits and short region planned
+  // for the mma.sync kernels.
+  if (UsesSm90Prefill(c, p, device)) p.path = AttentionPath::kPrefillSm90;
   return p;
 }
 

@@ -23,21 +23,19 @@
 
 namespace xgo {
 
-// Launches the prefill tiles of a prefill-like f16/bf16 plan (row_warps == 4) with the kernel
-// ChoosePrefillKernel picks: head_dim 64/128 on either kernel, 256 only on the sm_90a one (the
-// 64-row PagedAttentionMmaKernel runs it otherwise). Sets params.num_splits (<= the plan's) and
+// Launches the prefill tiles of a kPrefillMma or kPrefillSm90 plan: head_dim 64/128 on either
+// kernel, 256 only on the sm_90a one (the plan gives D = 256 to the 64-row
+// PagedAttentionMmaKernel otherwise). Sets params.num_splits (<= the plan's) and
 // params.tokens_per_tile. Defined in paged_attention_prefill.cu.
 template <typename T>
 int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                cudaStream_t stream);
 
-// The kernel that runs the prefill tiles: the mma.sync kernel of this file (sm_80+), or the
-// wgmma kernel (paged_attention_sm90.cuh) on a compute capability 9.x device when this library
-// holds sm_90a code for it (queried once per device). XLA_GPU_OPS_PREFILL_KERNEL=mma (read once
-// per process) keeps the mma.sync kernel everywhere, for A/B comparisons. The single place the
-// choice is made: the launcher asks it for every prefill-like f16/bf16 plan.
-enum class PrefillKernel { kMmaSync, kSm90 };
-int32_t ChoosePrefillKernel(const PagedAttentionPlan& plan, int head_dim, PrefillKernel* kernel);
+// The device facts MakePagedAttentionPlan takes: whether the current device runs the sm_90a
+// kernel (compute capability 9.x and sm_90a code in this library, queried once per device) and
+// the prefill kernel xgo_debug_force_prefill_kernel forces, if any. Defined in
+// paged_attention_prefill.cu.
+int32_t QueryPlanDevice(PlanDevice* device);
 
 template <int kD>
 struct PrefillConfig {

@@ -31,7 +31,7 @@
 // (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
 //
 // Device code exists only in the sm_90a pass (XGO_SM90A_DEVICE); every other pass of a multi-arch
-// build compiles an empty kernel, and the launcher never picks it there (ChoosePrefillKernel).
+// build compiles an empty kernel, and the plan never picks it there (QueryPlanDevice asks).
 #ifndef XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
 #define XLA_GPU_OPS_PAGED_ATTENTION_SM90_CUH_
 

@@ -493,8 +493,8 @@ def test_broken_partition_of_a_large_prefill_batch_poisons_every_row():
 
 # ---------------------------------------------------------------------------- sm_90a prefill kernel
 # On a Hopper GPU the prefill tiles of f16/bf16 batches run on the wgmma kernel
-# (paged_attention_sm90.cuh) whenever the library holds sm_90a code, so every prefill-like test
-# above already runs it there; these add the shapes it is most likely to get wrong (tile edges,
+# (paged_attention/prefill_sm90.cuh) whenever the library holds sm_90a code, so every prefill-like
+# test above already runs it there; these add the shapes it is most likely to get wrong (tile edges,
 # tokens x heads rows that do not fill a tile, pages smaller than, straddling or not dividing a
 # tile, empty KV splits, D = 256) and compare it with the mma.sync kernel on the same inputs.
 def _is_hopper() -> bool:

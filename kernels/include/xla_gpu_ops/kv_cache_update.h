@@ -1,6 +1,7 @@
 // kv_cache_update: writes new K/V rows into the paged cache, in place (vLLM's
 // reshape_and_cache_flash semantics for the combined layout). The op struct of op.h; Describe,
-// RunHost and CheckHostValues in kv_cache_update.cc, Launch in kv_cache_update_launch.cu.
+// RunHost and CheckHostValues in src/kv_cache_update/op.cc, Launch (and its scatter kernel) in
+// src/kv_cache_update/launch.cu.
 //
 //   new_kv        [N, 2 * num_kv_heads, head_dim]   float32/float16/bfloat16 (K even, V odd heads)
 //   slot_mapping  int32 or int64 [N]: token n goes to page slot / page_size, row slot % page_size;

@@ -1,6 +1,6 @@
 // paged_attention: ragged paged attention with torch_xla `ragged_paged_attention` semantics
-// (docs/DESIGN.md). The op struct of op.h; Describe in paged_attention.cc, Launch in
-// paged_attention_launch.cu, RunHost and CheckHostValues in paged_attention_host.cc.
+// (docs/DESIGN.md). The op struct of op.h; in src/paged_attention/: Describe in op.cc, Launch in
+// launch.cu, RunHost and CheckHostValues in host.cc. Kernels and plan: paged_attention/.
 //
 //   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
 //   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype or

@@ -1,5 +1,6 @@
 // simple_add: out = a + b (same shape and dtype; float32, float16 or bfloat16; any size).
-// The op struct of op.h; its Launch is in simple_add_launch.cu, the rest in simple_add.cc.
+// The op struct of op.h; its Launch is in src/simple_add/launch.cu, the rest in
+// src/simple_add/op.cc.
 #ifndef XLA_GPU_OPS_SIMPLE_ADD_H_
 #define XLA_GPU_OPS_SIMPLE_ADD_H_
 

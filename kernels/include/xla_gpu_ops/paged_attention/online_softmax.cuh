@@ -1,16 +1,16 @@
-// The online-softmax step, one for every attention kernel of the library (decode and 64-row tiles,
-// the mma.sync prefill kernel, the sm_90a prefill kernel, the f32 kernel): per K/V tile, fold the
-// tile's row maxima into the running maxima, exponentiate the tile's logits against the new
-// maxima and rescale what was summed so far; after the last tile, the row sums and their
-// inverses (a KV split part keeps `max` and `sum` as they are: PartState). Log2 domain throughout
-// (logits are scaled by log2(e) before they get here, or by the `mult` the sm_90a kernel folds
-// into the exponent).
+// paged_attention: the online-softmax step, one for every attention kernel of the library
+// (decode and 64-row tiles, the mma.sync and sm_90a prefill kernels, the f32 kernel): per K/V
+// tile, fold the tile's row maxima into the running maxima, exponentiate the tile's logits
+// against the new maxima and rescale what was summed so far; after the last tile, the row sums
+// and their inverses (a KV split part keeps `max` and `sum` as they are: PartState). Log2 domain
+// throughout (logits are scaled by log2(e) before they get here, or by the `mult` the sm_90a
+// kernel folds into the exponent).
 //
 // A thread holds kRows rows (two per m16 accumulator tile: elements e of each 4-register group
 // belong to row e >> 1); a row's logits are spread over kRowLanes adjacent lanes (lanes l ^ 1,
 // l ^ 2, ...): the quad of an MMA accumulator row (4), the 8 lanes of an f32 kernel row.
-#ifndef XLA_GPU_OPS_ONLINE_SOFTMAX_CUH_
-#define XLA_GPU_OPS_ONLINE_SOFTMAX_CUH_
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_ONLINE_SOFTMAX_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_ONLINE_SOFTMAX_CUH_
 
 #include <math.h>
 
@@ -127,4 +127,4 @@ struct OnlineSoftmax {
 
 }  // namespace xgo
 
-#endif  // XLA_GPU_OPS_ONLINE_SOFTMAX_CUH_
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_ONLINE_SOFTMAX_CUH_

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "xla_gpu_ops/op_binding.h"
-#include "xla_gpu_ops/paged_attention_params.cuh"
+#include "xla_gpu_ops/paged_attention/plan.h"
 
 namespace xgo {
 namespace {
@@ -174,33 +174,6 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
 }
 
 }  // namespace xgo
-
-// Test hook (not part of c_api.h): the plan of `call`, after the static checks every entry point
-// runs, for a device described by the arguments instead of the current one (no CUDA call):
-// sm90_prefill 1 where the device runs the sm_90a kernel, prefill_kernel as
-// xgo_debug_force_prefill_kernel takes it. Writes the path (AttentionPath's value) and the
-// workspace size in float32 elements.
-extern "C" XGO_EXPORT int32_t xgo_debug_paged_attention_plan(const XgoCall* call,
-                                                             int32_t sm90_prefill,
-                                                             int32_t prefill_kernel, int32_t* path,
-                                                             int64_t* workspace_elems) {
-  using xgo::PagedAttention;
-  xgo::OpCall<PagedAttention> decoded;
-  XGO_RETURN_IF_FAILED(xgo::DecodeCall(call, &decoded));
-  PagedAttention::Config config;
-  XgoResults results;
-  XGO_RETURN_IF_FAILED(xgo::DescribeCall(decoded, &config, &results));
-  if (path == nullptr || workspace_elems == nullptr) {
-    return xgo::Fail(XGO_INVALID_ARGUMENT, "paged_attention: path, workspace_elems: NULL");
-  }
-  xgo::PlanDevice device;
-  device.sm90_prefill = sm90_prefill != 0;
-  device.prefill_kernel = xgo::PrefillKernelChoiceOf(prefill_kernel);
-  const xgo::PagedAttentionPlan plan = xgo::MakePagedAttentionPlan(config, device);
-  *path = static_cast<int32_t>(plan.path);
-  *workspace_elems = plan.workspace_elems;
-  return XGO_OK;
-}
 
 using xgo::PagedAttention;
 XGO_DEFINE_OP(PagedAttention, kPagedAttentionInfo);

@@ -11,7 +11,7 @@
 #include "xla_gpu_ops/cuda_check.cuh"
 #include "xla_gpu_ops/dtypes.cuh"
 #include "xla_gpu_ops/simple_add.h"
-#include "xla_gpu_ops/simple_add_kernels.cuh"
+#include "xla_gpu_ops/simple_add/kernels.cuh"
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {

@@ -1,9 +1,10 @@
-// paged_attention: the kernel parameter POD, the launch plan (which kernel path runs, tile shape
-// and KV split count, derived from STATIC shapes only so the workspace size is known at trace
-// time) and the workspace layout. Shared by the kernels, the launcher and Describe (which sizes
-// the workspace result). Plain C++: also compiled by the host compiler.
-#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
-#define XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+// paged_attention: the launch plan, the one place that decides which kernel path a call runs
+// (AttentionPath), its grid and KV split count and the workspace layout. The path comes from the
+// call's static shapes and the device's facts (PlanDevice); the workspace from the shapes alone,
+// so Describe (host compiler, no device) sizes it at trace time and the launcher fills the same
+// layout. Plain C++: also compiled by the host compiler.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PLAN_H_
+#define XLA_GPU_OPS_PAGED_ATTENTION_PLAN_H_
 
 #include <stdint.h>
 
@@ -199,55 +200,12 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   return p;
 }
 
-// Division by a runtime constant (the page size) as a multiply-high and a shift, valid for
-// dividends in [0, 2^31): every key index. A plain '/' by a runtime int costs ~20 dependent
-// instructions per key and showed as the top stall of the decode kernel.
-struct FastDivisor {
-  int32_t divisor;
-  uint32_t multiplier;
-  int32_t shift;
-};
-
-inline FastDivisor MakeFastDivisor(int32_t divisor) {
-  FastDivisor f{divisor, 0, 0};
-  if (divisor != 1) {
-    int log2_ceil = 0;
-    while ((int64_t{1} << log2_ceil) < divisor) ++log2_ceil;
-    const int p = 31 + log2_ceil;
-    f.multiplier = static_cast<uint32_t>(((uint64_t{1} << p) + divisor - 1) / divisor);
-    f.shift = p - 32;
-  }
-  return f;
-}
-
-struct PagedAttentionParams {
-  const void* query;
-  const void* kv_cache;
-  const int32_t* context_lens;
-  const int32_t* block_tables;
-  const int32_t* query_start_loc;
-  const int32_t* num_seqs;
-  void* out;
-  int32_t* flags;       // workspace words [0, state_offset)
-  PartState* partial_state;  // [splits, T, Hq]
-  float* partial_out;   // [splits, T, Hq, D]
-  int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
-      pages_per_seq;
-  int group_size, heads_per_block, tokens_per_tile, num_splits, page_check_chunks;
-  FastDivisor page_size_div;
-  int sliding_window;   // 0: off
-  float scale, soft_cap;  // soft_cap 0: off
-  // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
-  // short_tokens; short_splits 0 when there is no short region.
-  PartState* short_state;  // [short_splits, S, short_tokens, Hq]
-  float* short_out;     // [short_splits, S, short_tokens, Hq, D]
-  int* short_order;     // [S]: written by the prep kernel
-  int short_tokens, short_splits;
-  // Decode kernel grid: (head blocks, q tiles, splits) when set, else (q tiles, head blocks,
-  // splits).
-  int head_blocks_fastest;
-};
+// The device facts the plan takes, for the current device: whether it runs the sm_90a kernel
+// (compute capability 9.x and sm_90a code in this library, queried once per device) and the
+// prefill kernel xgo_debug_force_prefill_kernel forces, if any. Defined in
+// src/paged_attention/plan.cc.
+int32_t QueryPlanDevice(PlanDevice* device);
 
 }  // namespace xgo
 
-#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PLAN_H_

@@ -1,8 +1,8 @@
-// paged_attention: launch of the prefill tiles of prefill-like f16/bf16 batches (LaunchMma in
-// paged_attention_launch.cu calls it): the 128-row mma.sync kernel (paged_attention_prefill.cuh)
-// or, on Hopper, the wgmma kernel (paged_attention_sm90.cuh), as the plan's path says; and the
-// device facts the plan takes (QueryPlanDevice).
-// Internal (hidden visibility, the library default) apart from the xgo_debug_* test hooks.
+// paged_attention: launch of the prefill tiles of a kPrefillSm90 plan on the wgmma kernel
+// (paged_attention/prefill_sm90.cuh): its launch facts per device, the TMA tensor maps of K/V, Q
+// and the output, and whether the current device runs it at all (Sm90PrefillAvailable, which the
+// plan's device facts ask). Internal (hidden visibility, the library default) apart from the
+// xgo_debug_sm90_prefill_available test hook.
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_bf16.h>
@@ -11,111 +11,21 @@
 #include <stdint.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/cuda_check.cuh"
-#include "xla_gpu_ops/launch_info.h"
-#include "xla_gpu_ops/paged_attention_params.cuh"
-#include "xla_gpu_ops/paged_attention_prefill.cuh"
-#include "xla_gpu_ops/paged_attention_sm90.cuh"
+#include "xla_gpu_ops/paged_attention/launch.h"
+#include "xla_gpu_ops/paged_attention/params.cuh"
+#include "xla_gpu_ops/paged_attention/plan.h"
+#include "xla_gpu_ops/paged_attention/prefill_sm90.cuh"
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {
 namespace {
 
-// Fewest splits (<= the workspace's planned count) that fill the GPU in whole waves.
-int ChoosePrefillSplits(int planned, int64_t blocks_per_split, int64_t slots) {
-  if (planned <= 1 || slots <= 0) return std::max(planned, 1);
-  int best = planned;
-  double best_efficiency = -1.0;
-  for (int splits = 1; splits <= planned; ++splits) {
-    const int64_t blocks = blocks_per_split * splits;
-    if (blocks < slots) continue;
-    const double waves = static_cast<double>(blocks) / static_cast<double>(slots);
-    const double efficiency = waves / std::ceil(waves);
-    if (efficiency > best_efficiency + 1e-3) {
-      best_efficiency = efficiency;
-      best = splits;
-    }
-  }
-  return best;
-}
-
-// Grid of a prefill launch (both kernels): 128-row tiles of tokens_per_tile tokens x heads, the
-// splits the launcher picks from the resident slots, and the short region's blocks.
-struct PrefillLaunch {
-  PrefillGrid grid;
-  dim3 blocks;
-};
-
-// persistent_slots > 0 (the sm_90a kernel): a one-split launch with more items than that gets
-// that many prefill blocks, which go on to the next item until none is left (NextPrefillItem).
-int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& params,
-                          int block_rows, int64_t slots, int64_t persistent_slots,
-                          PrefillLaunch* launch) {
-  // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
-  // tile shape, so this kernel picks its own grid: block_rows = tokens_per_tile tokens x heads.
-  params.tokens_per_tile = block_rows / params.heads_per_block;
-  const int64_t num_q_tiles =
-      static_cast<int64_t>(params.num_tokens) / params.tokens_per_tile + params.max_num_seqs;
-  const int64_t num_head_blocks = plan.num_head_blocks;
-  const int64_t blocks_per_split = num_q_tiles * num_head_blocks;
-  if (blocks_per_split > INT32_MAX) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld query tiles is too many",
-                static_cast<long long>(blocks_per_split));
-  }
-  const int64_t real_blocks =
-      std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
-  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, slots);
-  // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
-  // several splits only come with few blocks.
-  const bool persistent =
-      persistent_slots > 0 && params.num_splits == 1 && blocks_per_split > persistent_slots;
-  const int64_t prefill_blocks =
-      persistent ? persistent_slots : blocks_per_split * params.num_splits;
-  const int64_t short_blocks =
-      static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
-  launch->grid = PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks),
-                             static_cast<int>(short_blocks), static_cast<int>(blocks_per_split),
-                             persistent};
-  // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
-  launch->blocks = short_blocks > 0
-                       ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
-                       : dim3(static_cast<unsigned>(prefill_blocks / params.num_splits), 1u,
-                              static_cast<unsigned>(params.num_splits));
-  return XGO_OK;
-}
-
-template <typename T, int kD>
-int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
-                            cudaStream_t stream) {
-  using Cfg = PrefillConfig<kD>;
-  auto kernel = PagedAttentionPrefillKernel<T, kD>;
-  // Short blocks run in the same launch; by default they need no more than a prefill block.
-  const size_t smem = std::max(Cfg::kSmemBytes, ShortConfig<kD>::kSmemBytes);
-  KernelLaunchInfo info{};  // cached per (kernel, device): no runtime calls per launch
-  if (const int32_t status =
-          GetKernelLaunchInfo(reinterpret_cast<const void*>(kernel), smem, &info);
-      status != XGO_OK) {
-    return status;
-  }
-  PrefillLaunch launch{};
-  if (const int32_t status =
-          MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, 0, &launch);
-      status != XGO_OK) {
-    return status;
-  }
-  kernel<<<launch.blocks, kThreads, smem, stream>>>(params, launch.grid);
-  XGO_CUDA_CHECK(cudaGetLastError());
-  return XGO_OK;
-}
-
-// ---------------------------------------------------------------- the sm_90a kernel
 // Launch facts of one sm_90a kernel instance on one device, queried once: resident slots (SMs x
 // blocks of 384 threads per SM; GetKernelLaunchInfo assumes 128-thread blocks) and whether the
 // instance runs there: sm_90a code (PTX >= 9.0: otherwise the runtime would run an older pass's
@@ -276,11 +186,9 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   return XGO_OK;
 }
 
-// The prefill kernel xgo_debug_force_prefill_kernel asks for (PrefillKernelChoice's value).
-std::atomic<int> g_prefill_kernel{static_cast<int>(PrefillKernelChoice::kAuto)};
+}  // namespace
 
-// Whether the current device runs the sm_90a kernel (any instance answers for all: they are
-// compiled in the same passes).
+// Any instance of the kernel answers for all: they are compiled in the same passes.
 int32_t Sm90PrefillAvailable(bool* available) {
   Sm90LaunchInfo info{};
   using Cfg = Sm90PrefillConfig<128>;
@@ -291,57 +199,30 @@ int32_t Sm90PrefillAvailable(bool* available) {
   return status;
 }
 
-}  // namespace
-
-int32_t QueryPlanDevice(PlanDevice* device) {
-  device->prefill_kernel =
-      static_cast<PrefillKernelChoice>(g_prefill_kernel.load(std::memory_order_relaxed));
-  return Sm90PrefillAvailable(&device->sm90_prefill);
-}
-
 template <typename T>
-int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
-                               cudaStream_t stream) {
-  const bool sm90 = plan.path == AttentionPath::kPrefillSm90;
-  if (sm90) {
-    switch (params.head_dim) {
-      case 64:
-        return LaunchSm90PrefillKernel<T, 64>(plan, params, stream);
-      case 128:
-        return LaunchSm90PrefillKernel<T, 128>(plan, params, stream);
-      case 256:
-        return LaunchSm90PrefillKernel<T, 256>(plan, params, stream);
-    }
-  } else {
-    switch (params.head_dim) {
-      case 64:
-        return LaunchPrefillKernel<T, 64>(plan, params, stream);
-      case 128:
-        return LaunchPrefillKernel<T, 128>(plan, params, stream);
-    }
+int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& params,
+                          cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64:
+      return LaunchSm90PrefillKernel<T, 64>(plan, params, stream);
+    case 128:
+      return LaunchSm90PrefillKernel<T, 128>(plan, params, stream);
+    case 256:
+      return LaunchSm90PrefillKernel<T, 256>(plan, params, stream);
   }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128%s",
-              params.head_dim, sm90 ? "/256" : "");
+  return Fail(XGO_INVALID_ARGUMENT,
+              "paged_attention: query: prefill head_dim %d is not 64/128/256", params.head_dim);
 }
 
-template int32_t LaunchPrefillAttention<__half>(const PagedAttentionPlan&, PagedAttentionParams&,
-                                                cudaStream_t);
-template int32_t LaunchPrefillAttention<__nv_bfloat16>(const PagedAttentionPlan&,
-                                                       PagedAttentionParams&, cudaStream_t);
+template int32_t LaunchPrefillSm90<__half>(const PagedAttentionPlan&, PagedAttentionParams&,
+                                           cudaStream_t);
+template int32_t LaunchPrefillSm90<__nv_bfloat16>(const PagedAttentionPlan&,
+                                                  PagedAttentionParams&, cudaStream_t);
 
 }  // namespace xgo
 
-// Test and benchmark hooks (not part of c_api.h): run the two prefill kernels side by side in one
-// process. kernel (the plan's PlanDevice::prefill_kernel from the next launch on): -1 lets the
-// plan choose (the default), 0 forces the mma.sync kernel, 1 the sm_90a kernel where the device
-// has it (elsewhere the plan still takes mma.sync). Returns the previous setting.
-extern "C" XGO_EXPORT int32_t xgo_debug_force_prefill_kernel(int32_t kernel) {
-  const int choice = static_cast<int>(xgo::PrefillKernelChoiceOf(kernel));
-  return xgo::g_prefill_kernel.exchange(choice, std::memory_order_relaxed);
-}
-
-// 1 if the current device runs the sm_90a prefill kernel (compute capability 9.x and sm_90a code
-// in this library), 0 if not, -1 on a CUDA error.
+// Test and benchmark hook (not part of c_api.h): 1 if the current device runs the sm_90a prefill
+// kernel (compute capability 9.x and sm_90a code in this library), 0 if not, -1 on a CUDA error.
 extern "C" XGO_EXPORT int32_t xgo_debug_sm90_prefill_available(void) {
   bool available = false;
   if (xgo::Sm90PrefillAvailable(&available) != XGO_OK) return -1;

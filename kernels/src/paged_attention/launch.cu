@@ -1,7 +1,9 @@
-// paged_attention: PagedAttention::Launch (paged_attention.h). The plan (paged_attention_params.cuh)
+// paged_attention: PagedAttention::Launch (paged_attention.h). The plan (paged_attention/plan.h)
 // says which kernel path runs; this file enqueues it on the caller's stream: prep -> attention ->
-// (merge). No sync, no allocation, metadata never read on the host. The plan's workspace comes
-// from static shapes only, so its size is known when a graph is traced.
+// (merge), the decode, 64-row and f32 kernels itself, the prefill kernels through
+// prefill_mma.cu / prefill_sm90.cu; and the launchers' split and grid choices. No sync, no
+// allocation, metadata never read on the host. The plan's workspace comes from static shapes
+// only, so its size is known when a graph is traced.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -17,11 +19,14 @@
 #include "xla_gpu_ops/c_api.h"
 #include "xla_gpu_ops/cuda_check.cuh"
 #include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/launch_info.h"
 #include "xla_gpu_ops/paged_attention.h"
-#include "xla_gpu_ops/paged_attention_kernels.cuh"
-#include "xla_gpu_ops/paged_attention_params.cuh"
-#include "xla_gpu_ops/paged_attention_prefill.cuh"
+#include "xla_gpu_ops/paged_attention/decode.cuh"
+#include "xla_gpu_ops/paged_attention/f32.cuh"
+#include "xla_gpu_ops/paged_attention/launch.h"
+#include "xla_gpu_ops/paged_attention/merge.cuh"
+#include "xla_gpu_ops/paged_attention/params.cuh"
+#include "xla_gpu_ops/paged_attention/plan.h"
+#include "xla_gpu_ops/paged_attention/prep.cuh"
 #include "xla_gpu_ops/status.h"
 
 namespace xgo {
@@ -79,7 +84,61 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
   return plan.num_splits;
 }
 
+// Fewest splits (<= the workspace's planned count) that fill the GPU in whole waves.
+int ChoosePrefillSplits(int planned, int64_t blocks_per_split, int64_t slots) {
+  if (planned <= 1 || slots <= 0) return std::max(planned, 1);
+  int best = planned;
+  double best_efficiency = -1.0;
+  for (int splits = 1; splits <= planned; ++splits) {
+    const int64_t blocks = blocks_per_split * splits;
+    if (blocks < slots) continue;
+    const double waves = static_cast<double>(blocks) / static_cast<double>(slots);
+    const double efficiency = waves / std::ceil(waves);
+    if (efficiency > best_efficiency + 1e-3) {
+      best_efficiency = efficiency;
+      best = splits;
+    }
+  }
+  return best;
+}
+
 }  // namespace
+
+int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& params,
+                          int block_rows, int64_t slots, int64_t persistent_slots,
+                          PrefillLaunch* launch) {
+  // The plan's tile (16 rows per warp) sized the workspace; splits and merge do not depend on the
+  // tile shape, so this kernel picks its own grid: block_rows = tokens_per_tile tokens x heads.
+  params.tokens_per_tile = block_rows / params.heads_per_block;
+  const int64_t num_q_tiles =
+      static_cast<int64_t>(params.num_tokens) / params.tokens_per_tile + params.max_num_seqs;
+  const int64_t num_head_blocks = plan.num_head_blocks;
+  const int64_t blocks_per_split = num_q_tiles * num_head_blocks;
+  if (blocks_per_split > INT32_MAX) {
+    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: %lld query tiles is too many",
+                static_cast<long long>(blocks_per_split));
+  }
+  const int64_t real_blocks =
+      std::min<int64_t>(num_q_tiles, params.num_tokens) * num_head_blocks;  // >= 1 token each
+  params.num_splits = ChoosePrefillSplits(plan.num_splits, real_blocks, slots);
+  // Both counts fit in int: CheckKernelLimits bounds prefill + short blocks statically, and
+  // several splits only come with few blocks.
+  const bool persistent =
+      persistent_slots > 0 && params.num_splits == 1 && blocks_per_split > persistent_slots;
+  const int64_t prefill_blocks =
+      persistent ? persistent_slots : blocks_per_split * params.num_splits;
+  const int64_t short_blocks =
+      static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
+  launch->grid = PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks),
+                             static_cast<int>(short_blocks), static_cast<int>(blocks_per_split),
+                             persistent};
+  // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
+  launch->blocks = short_blocks > 0
+                       ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))
+                       : dim3(static_cast<unsigned>(prefill_blocks / params.num_splits), 1u,
+                              static_cast<unsigned>(params.num_splits));
+  return XGO_OK;
+}
 
 int32_t GetKernelLaunchInfo(const void* kernel, size_t smem_bytes, KernelLaunchInfo* info) {
   static std::mutex mutex;
@@ -185,9 +244,8 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
         XGO_LAUNCH_MMA(256, 1);
     }
   } else {
-    if (plan.path == AttentionPath::kPrefillMma || plan.path == AttentionPath::kPrefillSm90) {
-      return LaunchPrefillAttention<T>(plan, params, stream);
-    }
+    if (plan.path == AttentionPath::kPrefillMma) return LaunchPrefillMma<T>(plan, params, stream);
+    if (plan.path == AttentionPath::kPrefillSm90) return LaunchPrefillSm90<T>(plan, params, stream);
     switch (params.head_dim) {
       case 64:
         XGO_LAUNCH_MMA(64, 1);

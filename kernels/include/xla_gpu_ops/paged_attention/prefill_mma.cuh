@@ -1,6 +1,6 @@
-// paged_attention prefill kernel: f16/bf16, non-decode batches (the launch plan's row_warps == 4),
-// head_dim 64 and 128. Same semantics, tiles, workspace and split protocol as
-// PagedAttentionMmaKernel (paged_attention_kernels.cuh); what differs is the tile shape:
+// paged_attention: the mma.sync prefill kernel (the plan's kPrefillMma path): f16/bf16
+// prefill-like batches, head_dim 64 and 128, sm_80 and up. Same semantics, tiles, workspace and
+// split protocol as PagedAttentionMmaKernel (decode.cuh); what differs is the tile shape:
 //   128 query rows per block, 4 warps x 32 rows (two m16 tiles per warp), so every K/V fragment a
 //   warp loads from shared memory feeds four MMAs instead of two (ldmatrix : MMA 1 : 2.7 with the
 //   Q reloads, against 1 : 2 in the 64-row kernel, which ncu showed latency-bound at 0.40
@@ -11,31 +11,20 @@
 // log2-domain logits; only tiles a warp's rows partly see are masked element by element, tiles
 // they cannot see at all are skipped. Output is staged through the warp's own Q rows in shared
 // memory and stored in 16-byte rows.
-#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_
-#define XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_MMA_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_MMA_CUH_
 
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "xla_gpu_ops/device_utils.cuh"
-#include "xla_gpu_ops/paged_attention_kernels.cuh"
-#include "xla_gpu_ops/paged_attention_params.cuh"
+#include "xla_gpu_ops/paged_attention/decode.cuh"
+#include "xla_gpu_ops/paged_attention/online_softmax.cuh"
+#include "xla_gpu_ops/paged_attention/params.cuh"
+#include "xla_gpu_ops/paged_attention/prefill_grid.cuh"
+#include "xla_gpu_ops/paged_attention/tiles.cuh"
 
 namespace xgo {
-
-// Launches the prefill tiles of a kPrefillMma or kPrefillSm90 plan: head_dim 64/128 on either
-// kernel, 256 only on the sm_90a one (the plan gives D = 256 to the 64-row
-// PagedAttentionMmaKernel otherwise). Sets params.num_splits (<= the plan's) and
-// params.tokens_per_tile. Defined in paged_attention_prefill.cu.
-template <typename T>
-int32_t LaunchPrefillAttention(const PagedAttentionPlan& plan, PagedAttentionParams& params,
-                               cudaStream_t stream);
-
-// The device facts MakePagedAttentionPlan takes: whether the current device runs the sm_90a
-// kernel (compute capability 9.x and sm_90a code in this library, queried once per device) and
-// the prefill kernel xgo_debug_force_prefill_kernel forces, if any. Defined in
-// paged_attention_prefill.cu.
-int32_t QueryPlanDevice(PlanDevice* device);
 
 template <int kD>
 struct PrefillConfig {
@@ -55,99 +44,10 @@ struct PrefillConfig {
   static_assert(kRowsPerWarp == 32, "two m16 tiles per warp (PagedAttentionPrefillKernel)");
 };
 
-// The launch's block counts: prefill blocks and short sequence blocks (S x head blocks x
-// short_splits; 0 without a short region). The prefill region has prefill_items work items per
-// split (num_q_tiles x head blocks, FindPrefillTile): one per block (prefill_blocks = items x
-// splits), or, for a persistent launch (one split), prefill_blocks blocks that take every item
-// from NextPrefillItem.
-struct PrefillGrid {
-  int64_t num_q_tiles;
-  int prefill_blocks;
-  int short_blocks;
-  int prefill_items;
-  bool persistent;
-};
-
-// A persistent block's next prefill item (prefill_items: none left): items go one at a time, in
-// index order (heaviest first), to whichever block asks first, through the workspace counter the
-// prep kernel zeroed; so blocks that start late (beside short blocks, or on a busy GPU) or drew
-// short (causal, early) tiles take fewer or more of them.
-__device__ __forceinline__ int NextPrefillItem(const PagedAttentionParams& p,
-                                               const PrefillGrid& g) {
-  return min(g.prefill_items, atomicAdd(p.flags + kWorkCounterWord, 1));
-}
-
 // Short-region decode blocks (MmaTileBlock, 64-key tiles) run in the prefill launch's shared
 // memory, max(prefill, short), with kPrefillShortStages stages (tuning.h).
 template <int kD>
 using ShortConfig = MmaConfig<kD, 1, kPrefillShortStages>;
-
-// This block's region and its index in it: short and prefill blocks alternate while both last,
-// so the memory-bound and the tensor-bound kind share the GPU instead of following each other
-// (short blocks first, or prefill first: 1 % slower on the mixed batch, H200).
-__device__ __forceinline__ bool IsShortBlock(const PrefillGrid& g, int& index) {
-  const int linear = static_cast<int>(blockIdx.x);
-  const int pairs = min(g.prefill_blocks, g.short_blocks);
-  if (linear < 2 * pairs) {
-    index = linear / 2;
-    return (linear & 1) == 0;
-  }
-  index = linear - pairs;
-  return g.short_blocks > g.prefill_blocks;
-}
-
-// Short region block `index` -> (rank, head block, split), split fastest; rank -> sequence by the
-// prep kernel's short_order (longest first). Only sequences of 1..short_tokens query tokens (one
-// 16-row tile); the prefill region skips them.
-__device__ __forceinline__ bool FindShortTile(const PagedAttentionParams& p, int index,
-                                              TileWork& w) {
-  if (p.flags[0] == 0) return false;
-  const int num_head_blocks = p.num_q_heads / p.heads_per_block;
-  const int rest = index / p.short_splits;
-  const int rank = rest / num_head_blocks;
-  const int n = *p.num_seqs;  // sound (flags[0])
-  if (rank >= n) return false;
-  const int seq = p.short_order[rank];
-  if (seq < 0 || seq >= n) return false;  // a permutation of [0, n) when flags[0] holds
-  const int start = p.query_start_loc[seq];
-  const int end = p.query_start_loc[seq + 1];
-  if (end - start < 1 || end - start > p.short_tokens) return false;
-  SetSequenceTile(p, seq, start, end, start, end, (rest % num_head_blocks) * p.heads_per_block, w);
-  w.split = index % p.short_splits;
-  w.num_splits = p.short_splits;
-  w.by_sequence = true;
-  w.seq_ok = SequenceChecked(p, seq);
-  return true;
-}
-
-// Tile lookup as FindTile, but the linear block index walks head blocks fastest and the heaviest
-// (last) q tiles of every head first, so the long causal blocks all start in the first wave.
-// index: the block's place in the prefill region of split blockIdx.z (a launch with a short
-// region has one split and a 1-D grid).
-__device__ __forceinline__ bool FindPrefillTile(const PagedAttentionParams& p, int64_t num_q_tiles,
-                                                int index, TileWork& w) {
-  if (p.flags[0] == 0) return false;
-  const int num_head_blocks = p.num_q_heads / p.heads_per_block;
-  const int64_t linear = index;
-  const int head_block = static_cast<int>(linear % num_head_blocks);
-  const int x = static_cast<int>(num_q_tiles - 1 - linear / num_head_blocks);
-  const int n = *p.num_seqs;
-  const int bq = p.tokens_per_tile;
-  const int found = BisectSequenceOfTile(p, x, n, bq);
-  if (found < 0) return false;
-  const int start = p.query_start_loc[found];
-  const int end = p.query_start_loc[found + 1];
-  const int tok0 = start + (x - (start / bq + found)) * bq;
-  if (tok0 >= end) return false;
-  if (p.short_splits > 0 && end - start <= p.short_tokens) return false;  // a short block's
-  SetSequenceTile(p, found, start, end, tok0, min(tok0 + bq, end), head_block * p.heads_per_block,
-                  w);
-  w.split = blockIdx.z;
-  w.num_splits = p.num_splits;
-  w.by_sequence = false;
-  w.seq_ok = SequenceChecked(p, found);
-  return true;
-}
 
 // One block's attention after FindPrefillTile. kMTiles m16 tiles per warp; kKeyWarps warps split
 // each K/V tile's keys (then merge their softmax states in shared memory). Prefill blocks:
@@ -444,4 +344,4 @@ __global__ void __launch_bounds__(kThreads, kPrefillMinBlocks)
 
 }  // namespace xgo
 
-#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_CUH_
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PREFILL_MMA_CUH_

@@ -1,0 +1,77 @@
+// paged_attention: the kernels' parameters: PagedAttentionParams (one __grid_constant__ struct
+// for every kernel), the page-size divisor and the prefill launches' grid (PrefillGrid). Plain
+// C++: the launchers fill them.
+#ifndef XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+#define XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_
+
+#include <stdint.h>
+
+#include "xla_gpu_ops/paged_attention/plan.h"
+
+namespace xgo {
+
+// Division by a runtime constant (the page size) as a multiply-high and a shift, valid for
+// dividends in [0, 2^31): every key index. A plain '/' by a runtime int costs ~20 dependent
+// instructions per key and showed as the top stall of the decode kernel.
+struct FastDivisor {
+  int32_t divisor;
+  uint32_t multiplier;
+  int32_t shift;
+};
+
+inline FastDivisor MakeFastDivisor(int32_t divisor) {
+  FastDivisor f{divisor, 0, 0};
+  if (divisor != 1) {
+    int log2_ceil = 0;
+    while ((int64_t{1} << log2_ceil) < divisor) ++log2_ceil;
+    const int p = 31 + log2_ceil;
+    f.multiplier = static_cast<uint32_t>(((uint64_t{1} << p) + divisor - 1) / divisor);
+    f.shift = p - 32;
+  }
+  return f;
+}
+
+struct PagedAttentionParams {
+  const void* query;
+  const void* kv_cache;
+  const int32_t* context_lens;
+  const int32_t* block_tables;
+  const int32_t* query_start_loc;
+  const int32_t* num_seqs;
+  void* out;
+  int32_t* flags;       // workspace words [0, state_offset)
+  PartState* partial_state;  // [splits, T, Hq]
+  float* partial_out;   // [splits, T, Hq, D]
+  int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
+      pages_per_seq;
+  int group_size, heads_per_block, tokens_per_tile, num_splits, page_check_chunks;
+  FastDivisor page_size_div;
+  int sliding_window;   // 0: off
+  float scale, soft_cap;  // soft_cap 0: off
+  // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
+  // short_tokens; short_splits 0 when there is no short region.
+  PartState* short_state;  // [short_splits, S, short_tokens, Hq]
+  float* short_out;     // [short_splits, S, short_tokens, Hq, D]
+  int* short_order;     // [S]: written by the prep kernel
+  int short_tokens, short_splits;
+  // Decode kernel grid: (head blocks, q tiles, splits) when set, else (q tiles, head blocks,
+  // splits).
+  int head_blocks_fastest;
+};
+
+// The launch's block counts: prefill blocks and short sequence blocks (S x head blocks x
+// short_splits; 0 without a short region). The prefill region has prefill_items work items per
+// split (num_q_tiles x head blocks, FindPrefillTile): one per block (prefill_blocks = items x
+// splits), or, for a persistent launch (one split), prefill_blocks blocks that take every item
+// from NextPrefillItem.
+struct PrefillGrid {
+  int64_t num_q_tiles;
+  int prefill_blocks;
+  int short_blocks;
+  int prefill_items;
+  bool persistent;
+};
+
+}  // namespace xgo
+
+#endif  // XLA_GPU_OPS_PAGED_ATTENTION_PARAMS_CUH_

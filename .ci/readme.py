@@ -46,8 +46,8 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w+)(.*)$")
 MARK = "::xgo-readme::"  # the runner's own lines in the output stream
 PYTHON_PROBE_FILE = ROOT / "xla_gpu_ops" / "__init__.py"
-KERNEL_PROBE_FILE = ROOT / "kernels" / "src" / "simple_add_launch.cu"
-KERNEL_PROBE_OBJECT = "simple_add_launch.cu.o"
+KERNEL_PROBE_FILE = ROOT / "kernels" / "src" / "simple_add" / "launch.cu"
+KERNEL_PROBE_OBJECT = "src/simple_add/launch.cu.o"  # its object, below CMake's target folder
 
 
 @dataclass
@@ -250,7 +250,7 @@ def check_edit_in_place(args: list[str], problems: list[str]) -> dict[str, objec
         )
         rebuilt = inside("nox", "-s", "build")
         compiled = re.findall(r"\[\d+/\d+\] Building \w+ object (\S+)", rebuilt.stdout)
-        check["nox -s build compiled"] = [Path(p).name for p in compiled]
+        check["nox -s build compiled"] = [p.split(".dir/", 1)[-1] for p in compiled]
         check["nox -s build linked"] = "Linking CXX shared library" in rebuilt.stdout
         imported = inside(
             "sh",

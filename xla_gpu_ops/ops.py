@@ -10,7 +10,6 @@ Importing this module needs numpy only.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import numbers
@@ -184,33 +183,32 @@ class Op:
         return f"({', '.join(params)}) -> {result}"
 
     # ------------------------------------------------------------------ calls
-    @functools.cached_property
-    def _attr_defaults(self) -> dict[str, Any]:
-        return {a.name: a.default for a in self.attrs if a.default is not REQUIRED}
-
-    @functools.cached_property
-    def _required_attrs(self) -> frozenset[str]:
-        return frozenset(a.name for a in self.attrs if a.default is REQUIRED)
-
-    @functools.cached_property
-    def _attr_name_set(self) -> frozenset[str]:
-        return frozenset(self.attr_names)
+    def __post_init__(self) -> None:
+        # What `bind` reads on every call, built once as a plain dict and tuple: torch.compile
+        # traces the public wrappers, and dynamo cannot trace a cached_property's lock (Python
+        # 3.11) nor compare a frozenset with dict keys. Required attributes map to REQUIRED.
+        object.__setattr__(self, "_attr_template", {a.name: a.default for a in self.attrs})
+        required = tuple(a.name for a in self.attrs if a.default is REQUIRED)
+        object.__setattr__(self, "_required_attrs", required)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:
         """(operands in table order, {attribute: value}) from a call's arguments, as Python
         binds them; TypeError naming a missing, unknown or repeated argument."""
         # The common call, all operands positional and attributes by keyword, costs one dict
-        # merge: the public wrappers run this on every eager call.
-        if (
-            len(args) == len(self.operands)
-            and self._required_attrs <= kwargs.keys()
-            and kwargs.keys() <= self._attr_name_set
-        ):
-            return list(args), {**self._attr_defaults, **kwargs}
+        # merge and two length checks (no unknown keyword when the merge adds no key): the
+        # public wrappers run this on every eager call, and dynamo traces it as constants.
+        attrs = {**self._attr_template, **kwargs}
+        if len(args) == len(self.operands) and len(attrs) == len(self.attrs):
+            for name in self._required_attrs:
+                if attrs[name] is REQUIRED:
+                    break
+            else:
+                return list(args), attrs
         names = self.operand_names + self.attr_names
         if len(args) > len(names):
             raise TypeError(f"{self.name}: takes {len(names)} arguments, got {len(args)}")
-        bound = dict(zip(names, args, strict=False))
+        # zip(strict=True) over equal lengths: dynamo (torch 2.9) reads any strict= as true
+        bound = dict(zip(names[: len(args)], args, strict=True))
         for key, value in kwargs.items():
             if key not in names:
                 raise TypeError(f"{self.name}: unexpected argument {key!r}")
@@ -234,8 +232,9 @@ class Op:
         """(operands, {attribute: value}) from a kernel's positional arguments in schema order;
         the dispatcher leaves out trailing attributes that equal their defaults."""
         n = len(self.operands)
-        attrs = dict(zip(self.attr_names, args[n:], strict=False))
-        for a in self.attrs[len(args) - n :]:
+        given = args[n:]
+        attrs = dict(zip(self.attr_names[: len(given)], given, strict=True))
+        for a in self.attrs[len(given) :]:
             attrs[a.name] = a.default
         return list(args[:n]), attrs
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from xla_gpu_ops._platform import quiet_cuda_plugin_without_gpu
+
 __version__ = "0.1.0"
 __all__ = ["kv_cache_update", "paged_attention", "simple_add"]
 
@@ -17,6 +19,10 @@ __all__ = ["kv_cache_update", "paged_attention", "simple_add"]
 # with a leading underscore are private: shared helpers and device kernels of the front ends.
 _SUBMODULES = ("jax", "torchax", "torch_xla", "torch_ops", "hlo", "ops", "reference", "xla_cuda",
                "torch_xla_plugin", "sharding", "head_sharding", "torch_xla_sharding")  # fmt: skip
+
+# On a machine without a GPU, JAX's CUDA plugin (installed with jax[cuda]) fails to start and JAX
+# logs an ERROR with a traceback before it falls back to its CPU: expected there, so not printed.
+quiet_cuda_plugin_without_gpu()
 
 if importlib.util.find_spec("torch") is not None:
     from xla_gpu_ops.torch_ops import kv_cache_update, paged_attention, simple_add

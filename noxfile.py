@@ -41,8 +41,9 @@ LOCK_PLATFORM = "x86_64-manylinux_2_28"
 REINSTALL_AFTER = {"default": ("torchax",)}
 
 
-# Exit status 1 when a distribution's installed files differ from its RECORD (another wheel
-# overwrote them).
+# Prints the first installed file of a distribution that differs from its RECORD (another wheel
+# overwrote it), nothing when all are intact. Exit status 0 either way: an overwritten file is the
+# expected outcome after a fresh install, not a failed command.
 _RECORD_CHECK = """
 import base64, csv, hashlib, importlib.metadata, pathlib, sys
 dist = importlib.metadata.distribution(sys.argv[1])
@@ -52,8 +53,20 @@ for row in csv.reader(dist.read_text("RECORD").splitlines()):
         data = path.read_bytes() if path.is_file() else b""
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         if digest != row[1].removeprefix("sha256="):
-            sys.exit(f"{sys.argv[1]}: {row[0]} differs from the wheel's RECORD")
+            print(row[0])
+            break
 """
+
+
+def overwritten_file(session: nox.Session, package: str, python: str | None = None) -> str:
+    """The first file of `package` another wheel overwrote, or "" (also when nox skips installs,
+    `-R`). python: the interpreter of an environment outside nox's (the dev session)."""
+    if python is None:
+        out = session.run_install("python", "-c", _RECORD_CHECK, package, silent=True, log=False)
+    else:
+        out = session.run(python, "-c", _RECORD_CHECK, package, silent=True, log=False,
+                          external=True)  # fmt: skip
+    return (out or "").strip()
 
 
 def install_lock(session: nox.Session, name: str) -> None:
@@ -61,9 +74,9 @@ def install_lock(session: nox.Session, name: str) -> None:
     lock_file = str(LOCKS / f"{name}.txt")
     session.install("--require-hashes", "-r", lock_file)
     for package in REINSTALL_AFTER.get(name, ()):
-        try:
-            session.run_install("python", "-c", _RECORD_CHECK, package, silent=True)
-        except nox.command.CommandFailed:  # overwritten: put the locked wheel's files back
+        overwritten = overwritten_file(session, package)
+        if overwritten:  # put the locked wheel's files back
+            session.log(f"{package}: another wheel overwrote {overwritten}; reinstalling")
             session.install("--require-hashes", "--reinstall-package", package, "-r", lock_file)
 
 
@@ -222,9 +235,9 @@ def dev(session: nox.Session) -> None:
     lock_file = str(LOCKS / "default.txt")
     session.run(*install, "--require-hashes", "-r", lock_file, external=True)
     for package in REINSTALL_AFTER["default"]:
-        try:
-            session.run(str(python), "-c", _RECORD_CHECK, package, silent=True, external=True)
-        except nox.command.CommandFailed:  # overwritten by torch_xla's copy: the locked files back
+        overwritten = overwritten_file(session, package, str(python))
+        if overwritten:  # overwritten by torch_xla's copy: the locked files back
+            session.log(f"{package}: another wheel overwrote {overwritten}; reinstalling")
             session.run(*install, "--require-hashes", "--reinstall-package", package,
                         "-r", lock_file, external=True)  # fmt: skip
     session.run(*install, *EDITABLE_ARGS, external=True)

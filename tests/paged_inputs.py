@@ -74,6 +74,7 @@ def make_paged_inputs(
     shared_prefix: bool = False,
     pad_tokens: int = 0,
     extra_seqs: int = 0,
+    sinks: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Random ragged batch in the torch_xla ragged_paged_attention layout (docs/DESIGN.md).
 
@@ -85,7 +86,9 @@ def make_paged_inputs(
 
     Returns query [T, Hq, D], kv_cache [P, page_size, 2*Hkv, D] (K even, V odd), context_lens
     int32 [S], block_tables int32 [S, pages_per_seq], query_start_loc int32 [S + 1], num_seqs
-    int32 [1], with S = len(seq_specs) + extra_seqs and T = sum(q_len) + pad_tokens.
+    int32 [1], with S = len(seq_specs) + extra_seqs and T = sum(q_len) + pad_tokens; with
+    sinks=True also sinks float32 [Hq], attention-sink logits (gpt-oss's are of order 1), drawn
+    around 2 so that they take a real share of each row's softmax.
     """
     if not seq_specs:
         raise ValueError("seq_specs: need at least one sequence")
@@ -131,6 +134,9 @@ def make_paged_inputs(
     num_tokens = num_real_tokens + pad_tokens
     query = torch.randn((num_tokens, num_q_heads, head_dim), generator=gen).to(dtype)
     kv_cache = torch.randn((num_pages, page_size, 2 * num_kv_heads, head_dim), generator=gen)
+    extra = {}
+    if sinks:
+        extra["sinks"] = torch.randn((num_q_heads,), generator=gen) + 2.0
     return {
         "query": query,
         "kv_cache": kv_cache.to(dtype),
@@ -138,7 +144,19 @@ def make_paged_inputs(
         "block_tables": block_tables,
         "query_start_loc": torch.tensor(starts, dtype=torch.int32),
         "num_seqs": torch.tensor([num_live], dtype=torch.int32),
+        **extra,
     }
+
+
+def with_absent(op, operands):
+    """The operands and, for each optional operand left off the end, the empty float32 [0] array
+    a front end passes for it: what a raw custom call of the op needs."""
+    import numpy as np
+
+    from xla_gpu_ops import ops
+
+    missing = len(op.operands) - len(operands)
+    return [*operands, *[np.zeros((0,), ops.ABSENT_DTYPE) for _ in range(missing)]]
 
 
 def library_call(op, operands, attrs):
@@ -147,6 +165,8 @@ def library_call(op, operands, attrs):
     import numpy as np
 
     from xla_gpu_ops import _library
+
+    operands = with_absent(op, operands)
 
     def name(x):
         return (

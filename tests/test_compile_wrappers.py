@@ -37,6 +37,11 @@ def attention_inputs(seed: int) -> dict[str, torch.Tensor]:
     return make_paged_inputs(MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed, pad_tokens=2)
 
 
+def sink_inputs(seed: int) -> dict[str, torch.Tensor]:
+    return make_paged_inputs(MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed, pad_tokens=2,
+                             sinks=True)  # fmt: skip
+
+
 def cache_inputs(seed: int) -> dict[str, torch.Tensor]:
     new_kv, slot_mapping, kv_cache = make_cache_write_inputs(seed, torch.float32)
     return {"new_kv": new_kv, "slot_mapping": slot_mapping, "kv_cache": kv_cache}
@@ -98,6 +103,13 @@ def attention_some_operands_by_keyword(query, kv_cache, context_lens, block_tabl
                                        scale=SCALE, soft_cap=30.0)  # fmt: skip
 
 
+def attention_with_sinks(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
+                         sinks):  # fmt: skip
+    return xla_gpu_ops.paged_attention(query, kv_cache, context_lens, block_tables,
+                                       query_start_loc, num_seqs, scale=SCALE, sliding_window=9,
+                                       sinks=sinks)  # fmt: skip
+
+
 def cache_write(**attrs):
     """kv_cache_update(new_kv, slot_mapping, kv_cache, ...): in place, returns None."""
 
@@ -148,6 +160,7 @@ CASES: dict[str, Case] = {
     "attention-kv-scales": Case(attention_inputs, attention(k_scale=2.0, v_scale=0.5), (ATTENTION,)),
     "attention-validate-true": Case(attention_inputs, attention(validate=True), (ATTENTION,)),
     "attention-validate-false": Case(attention_inputs, attention(validate=False), (ATTENTION,)),
+    "attention-with-sinks": Case(sink_inputs, attention_with_sinks, (ATTENTION,)),
     "cache-operands-positional": Case(cache_inputs, cache_write(), (CACHE,)),
     "cache-by-keyword": Case(cache_inputs, cache_write_by_keyword, (CACHE,)),
     "cache-scales": Case(cache_inputs, cache_write(k_scale=0.5, v_scale=2.0), (CACHE,)),

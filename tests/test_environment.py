@@ -108,7 +108,7 @@ QUIET_JAX_SCRIPTS = {
         import xla_gpu_ops.jax as xjax
         from xla_gpu_ops import ops
         sample = ops.PAGED_ATTENTION.sample(False)
-        out = jax.jit(functools.partial(xjax.paged_attention, scale=0.125))(*sample.values())
+        out = jax.jit(functools.partial(xjax.paged_attention, scale=0.125))(**sample)
         assert np.isfinite(np.asarray(out.block_until_ready())).all()
         print("platform:", jax.devices()[0].platform)
     """,

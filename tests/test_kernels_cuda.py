@@ -872,3 +872,94 @@ def test_fp8_cache_with_a_float32_query_is_refused_naming_the_host_paths():
         TypeError, match="kv_cache: float8_e4m3fn with a float32 query runs on the host"
     ):
         run_cuda(inputs, scale=0.1)
+
+
+# ---------------------------------------------------------------------------- attention sinks
+# Every place a row is finished: decode tiles with one split and with several (the merge), the
+# 64-row tiles, the mma.sync prefill tiles, the sm_90a prefill tiles, the short region of a large
+# prefill batch, the f32 kernel; a sink joins each row's denominator once, never a split's part.
+SINK_SPECS = {
+    "decode": DECODE,
+    "decode_split": ((1, 20_000), (1, 4_097), (3, 9_000)),  # long contexts: KV splits, merged
+    "prefill": PREFILL,
+    "prefill_split": ((300, 300), (1_000, 12_000)),  # a prefill with KV splits
+    "mixed": MIXED,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", list(SINK_SPECS))
+def test_sinks_every_path(kind, head_dim, dtype):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SINK_SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3,
+                               extra_seqs=1, sinks=True)  # fmt: skip
+    check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
+
+
+@pytest.mark.parametrize(("sliding_window", "soft_cap"), [(128, None), (7, 5.0)])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_sinks_with_window_and_soft_cap(kind, sliding_window, soft_cap):
+    """gpt-oss's layers: sinks with a 128-token window; the sink is neither scaled nor capped."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SINK_SPECS[kind], 64, 8, 64, 16, torch.bfloat16, seed, sinks=True)
+    check_against_reference(inputs, torch.bfloat16, seed, scale=0.125,
+                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_sinks_both_prefill_kernels(head_dim):
+    assert _sm90_prefill_available(), "no sm_90a code in this library"
+    seed = fresh_seed()
+    specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
+    inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2,
+                               sinks=True)  # fmt: skip
+    for kernel in (1, 0):
+        with _prefill_kernel(kernel):
+            check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim))
+
+
+@pytest.mark.parametrize("long_context", [17_000, 2000])  # several short splits, one
+def test_sinks_short_sequences_of_a_large_prefill_batch(long_context):
+    seed = fresh_seed()
+    inputs = _short_region_inputs(32, 8, 128, torch.bfloat16, seed, long_context, pad_tokens=3)
+    inputs["sinks"] = torch.randn(32, generator=torch.Generator().manual_seed(seed)) + 2.0
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
+def test_sinks_with_an_fp8_cache(kind, head_dim):
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SINK_SPECS[kind], 8, 2, head_dim, 16, torch.bfloat16, seed,
+                               sinks=True)  # fmt: skip
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
+                            scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["decode", "decode_split", "prefill", "mixed"])
+def test_sinks_at_their_limits(kind):
+    """A sink far above every logit takes the whole softmax (output ~0); a sink of -inf takes
+    none (the output without sinks, bit for bit); sinks=None is that output too."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(SINK_SPECS[kind], 8, 2, 128, 16, torch.bfloat16, seed, pad_tokens=2)
+    plain = run_cuda(inputs, scale=default_scale(128))
+    none = run_cuda({**inputs, "sinks": torch.full((8,), float("-inf"))}, scale=default_scale(128))
+    assert torch.equal(none, plain), f"seed {seed}"
+    assert torch.equal(run_cuda(inputs, scale=default_scale(128), sinks=None), plain)
+    huge = run_cuda({**inputs, "sinks": torch.full((8,), 1e4)}, scale=default_scale(128))
+    assert torch.isfinite(huge).all(), f"seed {seed}"
+    assert huge.abs().max() < 1e-30, f"seed {seed}"
+
+
+def test_sinks_errors_name_the_argument():
+    inputs = {k: t.cuda() for k, t in make_paged_inputs(DECODE, 8, 2, 64, 16, torch.bfloat16,
+                                                        fresh_seed()).items()}  # fmt: skip
+    call = torch.ops.xla_gpu.paged_attention
+    with pytest.raises(ValueError, match="sinks: on cpu"):
+        call(**inputs, scale=0.1, sinks=torch.zeros(8))
+    with pytest.raises(TypeError, match="sinks: dtype"):
+        call(**inputs, scale=0.1, sinks=torch.zeros(8, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"sinks: shape must be \(8,\)"):
+        call(**inputs, scale=0.1, sinks=torch.zeros(4, device="cuda"))

@@ -24,7 +24,7 @@ from paged_inputs import (
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402  (ships with jaxlib)
-from paged_inputs import library_call  # noqa: E402
+from paged_inputs import library_call, with_absent  # noqa: E402
 
 from xla_gpu_ops import jax as xgo_jax  # noqa: E402
 from xla_gpu_ops import reference  # noqa: E402
@@ -142,7 +142,7 @@ def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
         ),
     )
     out, _ = call(
-        *arrays,
+        *with_absent(PAGED_ATTENTION, arrays),
         scale=np.float32(scale),
         sliding_window=np.int64(sliding_window),
         soft_cap=np.float32(soft_cap),
@@ -529,7 +529,7 @@ def _legacy_paged_attention(arrays, opaque: bytes):
         custom_call_api_version=2,
         legacy_backend_config=opaque,
     )
-    return call(*arrays)[0].block_until_ready()
+    return call(*with_absent(PAGED_ATTENTION, arrays))[0].block_until_ready()
 
 
 @needs_gpu
@@ -581,7 +581,7 @@ def test_gpu_ffi_handler_rejects_bad_static_input(workspace_elems, soft_cap, arg
         "v_scale": np.float32(1.0),
     }
     with pytest.raises(HANDLER_ERRORS, match=rf"INVALID_ARGUMENT.*paged_attention: {argument}:"):
-        call(*arrays, **attributes)[0].block_until_ready()
+        call(*with_absent(PAGED_ATTENTION, arrays), **attributes)[0].block_until_ready()
 
 
 @needs_gpu
@@ -613,4 +613,4 @@ def test_host_handler_names_a_missing_attribute():
     with pytest.raises(
         HANDLER_ERRORS, match=r"INVALID_ARGUMENT.*paged_attention: v_scale: missing"
     ):
-        call(*arrays, **attributes)[0].block_until_ready()
+        call(*with_absent(PAGED_ATTENTION, arrays), **attributes)[0].block_until_ready()

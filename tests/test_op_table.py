@@ -74,7 +74,7 @@ def test_schema():
     assert ops.PAGED_ATTENTION.schema() == (
         "(Tensor query, Tensor kv_cache, Tensor context_lens, Tensor block_tables, "
         "Tensor query_start_loc, Tensor num_seqs, float scale, int? sliding_window=None, "
-        "float? soft_cap=None, float? k_scale=None, float? v_scale=None) -> Tensor"
+        "float? soft_cap=None, float? k_scale=None, float? v_scale=None, Tensor? sinks=None) -> Tensor"
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
     # in place: the operand is marked mutable and not returned; the functional twin returns it
@@ -92,9 +92,16 @@ def test_bind():
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind((1, 2, 3), {"block_tables": 4, "query_start_loc": 5,
                                           "num_seqs": 6, "scale": 0.5})  # fmt: skip
-    assert operands == [1, 2, 3, 4, 5, 6]
+    assert operands == [1, 2, 3, 4, 5, 6, None]  # sinks, optional, left out
     assert attrs == {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None,
                      "v_scale": None}  # fmt: skip
+    # the fast path (required operands positional, the rest by keyword) and the general one
+    assert op.bind(range(6), {"scale": 0.5, "sinks": 7}) == (
+        [*range(6), 7], {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None,
+                         "v_scale": None},
+    )  # fmt: skip
+    assert op.bind(range(6), {"scale": 0.5, "sinks": 7, "soft_cap": 2.0})[0] == [*range(6), 7]
+    assert op.bind([*range(6), 0.5, None, None, None, None, 7], {})[0] == [*range(6), 7]
     with pytest.raises(TypeError, match="scale: missing"):
         op.bind(range(6), {})
     with pytest.raises(TypeError, match="num_seqs: missing"):
@@ -108,9 +115,32 @@ def test_bind():
 def test_split_schema_args_fills_dropped_defaults():
     op = ops.PAGED_ATTENTION
     assert op.split_schema_args([*range(6), 0.5]) == (
-        list(range(6)),
+        [*range(6), None],
         {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
     )
+    # an optional operand comes after the attributes in the schema, first in nothing else
+    operands, attrs = op.split_schema_args([*range(6), 0.5, 3, None, None, None, "sinks"])
+    assert operands == [*range(6), "sinks"]
+    assert attrs["sliding_window"] == 3
+    assert op.schema_args(operands, attrs) == [*range(6), 0.5, 3, None, None, None, "sinks"]
+
+
+def test_optional_operands_come_last():
+    with pytest.raises(ValueError, match="optional operands must come last"):
+        ops.Op(
+            name="bad",
+            operands=(
+                ops.Operand("x", 1, "f", "[n]", optional=True),
+                ops.Operand("y", 1, "f", "[n]"),
+            ),
+            attrs=(),
+            results=("out",),
+            result_like=("y",),
+            doc="",
+        )
+    with pytest.raises(TypeError, match=r"takes 6 to 7 operands"):
+        ops.PAGED_ATTENTION.complete(range(5))
+    assert ops.PAGED_ATTENTION.complete(range(6)) == [*range(6), None]
 
 
 @pytest.mark.parametrize(
@@ -158,11 +188,19 @@ def test_public_signature_must_match_the_table():
 
     def attr_not_keyword_only(query, kv_cache, context_lens, block_tables, query_start_loc,
                               num_seqs, scale, *, sliding_window=None, soft_cap=None,
-                              k_scale=None, v_scale=None):  # fmt: skip
+                              k_scale=None, v_scale=None, sinks=None):  # fmt: skip
         """x"""
 
     with pytest.raises(TypeError, match="scale must be keyword-only"):
         ops.public_signature(ops.PAGED_ATTENTION)(attr_not_keyword_only)
+
+    def optional_operand_with_a_default(query, kv_cache, context_lens, block_tables,
+                                        query_start_loc, num_seqs, *, scale, sliding_window=None,
+                                        soft_cap=None, k_scale=None, v_scale=None, sinks=0):  # fmt: skip
+        """x"""
+
+    with pytest.raises(TypeError, match="sinks must be keyword-only, default None"):
+        ops.public_signature(ops.PAGED_ATTENTION)(optional_operand_with_a_default)
 
 
 def test_targets_and_names_derive_from_the_op_name():

@@ -32,8 +32,9 @@ def paged_call(num_tokens, max_num_seqs, head_dim=128, dtype="bfloat16", kv_dtyp
         (max_num_seqs, pages_per_seq),
         (max_num_seqs + 1,),
         (1,),
+        (0,),  # no sinks
     ]
-    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32"]
+    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32", "float32"]
     call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, ATTRS)
     assert results[1].dtype == "float32"
     return call, results[1].shape[0]
@@ -88,9 +89,9 @@ def test_plan_picks_the_path_for_the_device(shapes, expected):
 
 
 def test_plan_hook_runs_the_static_checks():
-    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,)]
+    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,)]
     call = _library.make_call(ops.PAGED_ATTENTION, shapes,
-                              ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32"],
+                              ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32", "float32"],
                               ops.PAGED_ATTENTION.encode_attrs(ATTRS))  # fmt: skip
     with pytest.raises(ValueError, match="head_dim"):
         plan(call, True)

@@ -36,6 +36,8 @@ CASES = {
     "gqa2_bf16_mixed_window_cap": (
         "MIXED", 8, 4, 64, 16, "bfloat16", {"scale": 0.125, "sliding_window": 19, "soft_cap": 4.0},
     ),
+    # attention sinks split with the query heads
+    "gqa2_f32_mixed_sinks": ("MIXED", 8, 4, 64, 16, "float32", {"scale": 0.125, "sinks": True}),
     "gqa4_f32_decode": ("DECODE", 16, 4, 128, 16, "float32", {"scale": 0.0884}),
     "gqa4_8kv_f16_prefill_cap": (
         "PREFILL", 32, 8, 64, 8, "float16", {"scale": 0.125, "soft_cap": 3.0},
@@ -91,9 +93,10 @@ def test_layouts_name_real_operands():
         assert set(op.returned_like) <= set(op.operand_names)
 
 
-def shapes(num_q_heads: int, num_kv_heads: int, combined: int | None = None):
+def shapes(num_q_heads: int, num_kv_heads: int, combined: int | None = None, sinks: int = 0):
+    """Operand shapes of paged_attention; sinks: the entries of the sinks operand (0: none)."""
     combined = 2 * num_kv_heads if combined is None else combined
-    return [(10, num_q_heads, 64), (7, 16, combined, 64), (3,), (3, 4), (4,), (1,)]
+    return [(10, num_q_heads, 64), (7, 16, combined, 64), (3,), (3, 4), (4,), (1,), (sinks,)]
 
 
 @pytest.mark.parametrize(
@@ -122,13 +125,17 @@ def test_split_errors_for_inconsistent_heads():
     with pytest.raises(ValueError, match=r"axis: 'model' is not an axis of the mesh"):
         head_sharding.axis_size({"heads": 4}, "model")
     assert head_sharding.axis_size({"data": 2, "heads": 4}, ("data", "heads")) == 8
+    with pytest.raises(ValueError, match=r"sinks: 6 heads .* not a multiple of the 4 KV heads"):
+        head_sharding.check_split(PAGED_ATTENTION, shapes(8, 4, sinks=6), 2, "x")
     for q, kv, n in [(8, 4, 4), (32, 8, 2), (4, 4, 1), (8, 2, 1)]:
         head_sharding.check_split(PAGED_ATTENTION, shapes(q, kv), n, "x")  # valid: no error
+        head_sharding.check_split(PAGED_ATTENTION, shapes(q, kv, sinks=q), n, "x")
 
 
 def test_partition_entries():
     assert head_sharding.partition_entries(PAGED_ATTENTION, "heads") == [
         (None, "heads", None), (None, None, "heads", None), (None,), (None, None), (None,), (None,),
+        ("heads",),  # sinks follow the query heads
     ]  # fmt: skip
     assert head_sharding.result_entries(PAGED_ATTENTION, [3], ("a", "b")) == [
         (None, ("a", "b"), None)
@@ -198,7 +205,8 @@ def test_jax_mesh_of_one_device_is_the_plain_call():
 
     seed = fresh_seed()
     inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, seed, pad_tokens=2)
-    arrays = [jax.numpy.asarray(inputs[name].numpy()) for name in PAGED_ATTENTION.operand_names]
+    required = PAGED_ATTENTION.operand_names[: PAGED_ATTENTION.num_required]
+    arrays = [jax.numpy.asarray(inputs[name].numpy()) for name in required]
     mesh = Mesh(np.array(jax.devices()[:1]), ("heads",))
     expected = np.asarray(xgo_jax.paged_attention(*arrays, scale=0.125, soft_cap=2.0))
     for fn in (
@@ -206,7 +214,7 @@ def test_jax_mesh_of_one_device_is_the_plain_call():
         lambda *a: sharding.partitioned_paged_attention(*a, scale=0.125, soft_cap=2.0),
     ):
         assert np.array_equal(np.asarray(jax.jit(fn)(*arrays)), expected), f"seed {seed}"
-    by_name = dict(zip(PAGED_ATTENTION.operand_names, arrays, strict=True))
+    by_name = dict(zip(required, arrays, strict=True))
     out = sharding.paged_attention(**by_name, mesh=mesh, scale=0.125, soft_cap=2.0)  # eager
     assert np.array_equal(np.asarray(out), expected), f"seed {seed}"
 
@@ -235,6 +243,7 @@ from xla_gpu_ops import jax as xgo_jax
 from xla_gpu_ops.ops import KV_CACHE_UPDATE as CACHE_OP
 from xla_gpu_ops.ops import PAGED_ATTENTION as OP
 
+REQUIRED = OP.operand_names[: OP.num_required]
 results = {"devices": len(jax.devices())}
 TARGET = OP.ffi_target
 record = recorder(results)
@@ -248,9 +257,14 @@ def to_jax(t):
 
 def make(case, seed):
     seqs, hq, hkv, d, ps, dtype, attrs = CASES[case]
+    attrs = dict(attrs)
+    sinks = attrs.pop("sinks", False)  # the case has sinks: given by keyword with the attributes
     inputs = paged_inputs.make_paged_inputs(getattr(paged_inputs, seqs), hq, hkv, d, ps,
-                                            getattr(torch, dtype), seed, pad_tokens=2, extra_seqs=1)
-    return inputs, [to_jax(inputs[n]) for n in OP.operand_names], attrs
+                                            getattr(torch, dtype), seed, pad_tokens=2, extra_seqs=1,
+                                            sinks=sinks)
+    if sinks:
+        attrs["sinks"] = to_jax(inputs["sinks"])
+    return inputs, [to_jax(inputs[n]) for n in REQUIRED], attrs
 
 
 def host(x):
@@ -308,7 +322,7 @@ record("mesh2d_both", lambda: run_case("gqa4_8kv_f16_prefill_cap", mesh2d, ("dat
 def shard_map_error(num_q_heads, num_kv_heads):
     inputs = paged_inputs.make_paged_inputs(paged_inputs.DECODE, num_q_heads, num_kv_heads, 64, 16,
                                             torch.float32, SEED)
-    arrays = [to_jax(inputs[n]) for n in OP.operand_names]
+    arrays = [to_jax(inputs[n]) for n in REQUIRED]
     try:
         jax.jit(lambda *a: sharding.paged_attention(*a, mesh=mesh4, scale=0.1))(*arrays)
     except Exception as error:
@@ -318,7 +332,7 @@ def shard_map_error(num_q_heads, num_kv_heads):
 
 def partitioned_error():
     inputs = paged_inputs.make_paged_inputs(paged_inputs.DECODE, 8, 2, 64, 16, torch.float32, SEED)
-    arrays = [to_jax(inputs[n]) for n in OP.operand_names]
+    arrays = [to_jax(inputs[n]) for n in REQUIRED]
     kv = NamedSharding(mesh4, P(None, None, "heads", None))
     placed = [jax.device_put(a, kv if i == 1 else NamedSharding(mesh4, P()))
               for i, a in enumerate(arrays)]
@@ -640,23 +654,32 @@ def facts(text):
                       if c.target == OP.ffi_target]}
 
 
+REQUIRED = OP.operand_names[: OP.num_required]
+
+
 def make(case):
     seqs, hq, hkv, d, ps, dtype, attrs = CASES[case]
+    attrs = dict(attrs)
+    sinks = attrs.pop("sinks", False)  # the case has sinks: given by keyword with the attributes
     inputs = paged_inputs.make_paged_inputs(getattr(paged_inputs, seqs), hq, hkv, d, ps,
-                                            getattr(torch, dtype), SEED, pad_tokens=2, extra_seqs=1)
+                                            getattr(torch, dtype), SEED, pad_tokens=2, extra_seqs=1,
+                                            sinks=sinks)
+    if sinks:
+        attrs["sinks"] = inputs.pop("sinks")
     return inputs, attrs
 
 
 def composite_case(case):
     os.environ[xgo_torch_xla.IMPL_ENV] = "composite"
     inputs, attrs = make(case)
-    plain = torch.ops.xla_gpu.paged_attention(*[inputs[n].to(device) for n in OP.operand_names],
-                                              **attrs)
+    on_device = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in attrs.items()}
+    plain = torch.ops.xla_gpu.paged_attention(*[inputs[n].to(device) for n in REQUIRED],
+                                              **on_device)
     torch_xla.sync()
     plain = plain.cpu()
     before = dumps()
-    out = torch_xla_sharding.paged_attention(*[inputs[n].to(device) for n in OP.operand_names],
-                                             mesh=mesh, **attrs)
+    out = torch_xla_sharding.paged_attention(*[inputs[n].to(device) for n in REQUIRED],
+                                             mesh=mesh, **on_device)
     spec = torch_xla._XLAC._get_xla_sharding_spec(out)
     torch_xla.sync()
     out = out.cpu()
@@ -670,7 +693,7 @@ def composite_case(case):
 def custom_call_case(manual):
     os.environ[xgo_torch_xla.IMPL_ENV] = "custom_call"
     inputs, attrs = make("gqa4_f32_decode")
-    tensors = [inputs[n].to(device) for n in OP.operand_names]
+    tensors = [inputs[n].to(device) for n in REQUIRED]
     before = dumps()
     if manual:
         out = torch_xla_sharding.paged_attention(*tensors, mesh=mesh, **attrs)
@@ -692,7 +715,7 @@ def error_case():
     os.environ[xgo_torch_xla.IMPL_ENV] = "composite"
     inputs = paged_inputs.make_paged_inputs(paged_inputs.DECODE, 8, 2, 64, 16, torch.float32, SEED)
     try:
-        torch_xla_sharding.paged_attention(*[inputs[n].to(device) for n in OP.operand_names],
+        torch_xla_sharding.paged_attention(*[inputs[n].to(device) for n in REQUIRED],
                                            mesh=mesh, scale=0.1)
     except Exception as error:
         return {"type": type(error).__name__, "message": str(error)}
@@ -728,7 +751,12 @@ record("error_more_devices", error_case)
 record("after_failure", lambda: composite_case(COMPOSITE_CASES[0]))
 print("RESULTS " + json.dumps(results))
 """
-TORCH_XLA_CASES = ["gqa2_bf16_mixed_window_cap", "gqa4_f32_decode", "gqa4_8kv_f16_prefill_cap"]
+TORCH_XLA_CASES = [
+    "gqa2_bf16_mixed_window_cap",
+    "gqa4_f32_decode",
+    "gqa4_8kv_f16_prefill_cap",
+    "gqa2_f32_mixed_sinks",
+]
 TOLERANCE = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}
 
 

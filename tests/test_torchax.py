@@ -187,6 +187,27 @@ def test_paged_attention_wrapper_under_torchax(env):
     assert rel_l2(to_torch64(out), expected) < REL_L2_TOL[torch.float32], f"seed {seed}"
 
 
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_paged_attention_with_sinks(env, jitted):
+    """sinks reach the custom call through the lowering, eager and under jax.jit."""
+    import xla_gpu_ops
+
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, seed, pad_tokens=2, sinks=True)
+    expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64)
+
+    def fn(*tensors):
+        return xla_gpu_ops.paged_attention(*tensors[:6], scale=0.1, sinks=tensors[6])
+
+    tensors = [inputs[name] for name in (*OPERANDS, "sinks")]
+    if jitted:
+        out = jax.jit(torchax.interop.jax_view(fn))(*(to_jax(t) for t in tensors))
+    else:
+        with env:
+            out = fn(*(t.to("jax") for t in tensors))
+    assert rel_l2(to_torch64(out), expected) < 1e-5, f"seed {seed}"
+
+
 def jitted_paged_attention(attrs: dict):
     """jax.jit of a PyTorch function: paged attention followed by an ordinary torch op."""
 

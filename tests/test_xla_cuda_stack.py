@@ -228,8 +228,8 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     num_pages = inputs["kv_cache"].shape[0]
     max_num_seqs, pages_per_seq = inputs["block_tables"].shape
     shapes = [(num_tokens, 8, 128), (num_pages, 16, 4, 128), (max_num_seqs,),
-              (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,)]  # fmt: skip
-    dtypes = ["float16", "float16"] + ["int32"] * 4
+              (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,), (0,)]  # fmt: skip
+    dtypes = ["float16", "float16"] + ["int32"] * 4 + ["float32"]  # sinks: none, [0]
     config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0))
     (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[1].shape
     # outputs: (out, float32 workspace sized from static shapes)

@@ -58,6 +58,12 @@ def _dtype_name(x: Any) -> str:
     return np.dtype(dtype).name
 
 
+def present(operands: Sequence[Any]) -> list:
+    """The operands with each optional one left out (None) as an empty float32 [0] array, which
+    the library reads as absent: every custom call of an op has the same operands."""
+    return [np.zeros((0,), ops.ABSENT_DTYPE) if x is None else x for x in operands]
+
+
 def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str = "ffi"):
     """One custom call of `op` (operands in table order, attributes by name); returns the op's
     outputs (scratch results such as paged_attention's workspace are dropped). Results the op
@@ -65,6 +71,7 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     (`jax.jit(..., donate_argnums=...)`) and XLA updates it without a copy."""
     if abi not in ABIS:
         raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
+    operands = present(op.complete(operands))
     shapes = [np.shape(x) for x in operands]
     # Checked with the caller's dtypes first: jnp.asarray would silently turn int64 into int32
     # (without x64) and hide a caller's mistake where an operand must be int32.

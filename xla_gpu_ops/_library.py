@@ -22,7 +22,7 @@ from typing import Any
 
 from xla_gpu_ops import ops
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_ENV = "XLA_GPU_OPS_LIBRARY"  # optional override: path of a libxla_gpu_ops.so to load
 _DEFAULT_PATH = Path(__file__).parent / "_lib" / "libxla_gpu_ops.so"
 

@@ -74,7 +74,7 @@ class _Plan:
     def __init__(self, op: ops.Op, tensors: list[torch.Tensor], attrs: tuple):
         self.call, results = _library.describe_call(
             op, [t.shape for t in tensors], [dtype_name(t.dtype) for t in tensors],
-            op.split_schema_args([*tensors, *attrs])[1],
+            op.attrs_from(attrs),
         )  # fmt: skip
         self.call_address = ctypes.addressof(self.call)
         specs = [(spec.shape, torch_dtype(spec.dtype)) for spec in results]
@@ -93,6 +93,10 @@ def make_kernel(op: ops.Op, functional: bool = False):
     kernel of <op>_functional, whose in-place results get buffers of their own (the library
     copies the operand into them first)."""
     num_operands = len(op.operands)
+    num_required, num_attrs = op.num_required, len(op.attrs)
+    optional = range(num_operands - num_required)
+    # device -> the empty float32 tensor that stands for an optional operand left out (None)
+    absent: dict[torch.device, torch.Tensor] = {}
     host_ok = tuple(i for i, o in enumerate(op.operands) if o.host_ok)
     pack = _library.pointer_packer(num_operands + len(op.results))
     plans: dict[tuple, _Plan] = {}
@@ -127,9 +131,24 @@ def make_kernel(op: ops.Op, functional: bool = False):
 
     def kernel(*args):
         nonlocal launch
-        tensors = args[:num_operands]
-        attrs = args[num_operands:]
+        # schema order: required operands, attributes (trailing defaults may be left out),
+        # optional operands
+        tensors = args[:num_required]
+        attrs = args[num_required : num_required + num_attrs]
         device = tensors[0].device
+        if optional:
+            given = args[num_required + num_attrs :]
+            extra = []
+            for i in optional:
+                t = given[i] if i < len(given) else None
+                if t is None:
+                    t = absent.get(device)
+                    if t is None:
+                        t = absent[device] = torch.empty(
+                            0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device
+                        )
+                extra.append(t)
+            tensors = (*tensors, *extra)
         # One pass over the operands for the common case; anything else takes `checked`.
         pointers = []
         for t in tensors:

@@ -23,14 +23,16 @@ from xla_gpu_ops._torch import dtype_name
 _LIBRARY = torch.library.Library(ops.NAMESPACE, "DEF")
 
 
-def _static_checks(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]):
+def _static_checks(op: ops.Op, operands: list[torch.Tensor | None], attrs: dict[str, Any]):
     """The library's static checks (TypeError / ValueError naming the argument) and its XgoCall;
-    None when a shape is symbolic (torch.compile with dynamic shapes: checked at run time)."""
-    shapes = [tuple(t.shape) for t in operands]
+    None when a shape is symbolic (torch.compile with dynamic shapes: checked at run time). An
+    optional operand left out (None) is described as what the library gets for it, float32 [0]."""
+    shapes = [(0,) if t is None else tuple(t.shape) for t in operands]
     if not all(isinstance(d, int) for shape in shapes for d in shape):
         op.encode_attrs(attrs)
         return None
-    call, _ = _library.describe_call(op, shapes, [dtype_name(t.dtype) for t in operands], attrs)
+    dtypes = [ops.ABSENT_DTYPE if t is None else dtype_name(t.dtype) for t in operands]
+    call, _ = _library.describe_call(op, shapes, dtypes, attrs)
     return call
 
 
@@ -67,7 +69,9 @@ def _define(op: ops.Op) -> None:
                     f"{op.name}: {op.operands[i].name}: must be contiguous (it is updated in place)"
                 )
         _check_host_values(op, operands, attrs)  # host tensors: no sync involved
-        return getattr(reference, op.name)(*operands, **attrs)  # in place for mutating ops
+        optional = dict(zip(op.optional_names, operands[op.num_required :], strict=True))
+        # in place for mutating ops
+        return getattr(reference, op.name)(*operands[: op.num_required], **attrs, **optional)
 
     def fake_kernel(*args):
         operands, attrs = op.split_schema_args(args)

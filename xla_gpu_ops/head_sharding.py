@@ -50,8 +50,10 @@ class HeadLayout:
 # Ops that can be split by KV head. Results are split like the operand they take their shape
 # from (op.returned_like). An op missing here cannot be sharded by these wrappers.
 LAYOUTS: dict[str, HeadLayout] = {
+    # sinks [Hq] follows the query heads ([0], absent, splits into empty blocks).
     ops.PAGED_ATTENTION.name: HeadLayout(
-        dims={"query": HeadDim(1, None), "kv_cache": HeadDim(2, 2)}, kv_operand="kv_cache"
+        dims={"query": HeadDim(1, None), "kv_cache": HeadDim(2, 2), "sinks": HeadDim(0, None)},
+        kv_operand="kv_cache",
     ),
     # new_kv [N, 2*Hkv, D] has the cache's combined head axis: device d writes its own K/V pairs.
     ops.KV_CACHE_UPDATE.name: HeadLayout(

@@ -338,7 +338,7 @@ def op_function(frontend: str, op: ops.Op | str) -> Callable[..., Any]:
     overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
 
     def call(*operands):
-        outs = overload(*operands, *[attrs[a] for a in op.attr_names])
+        outs = overload(*op.schema_args(operands, attrs))
         written = [operands[i] for i in op.aliases.values()]  # in place: the operand is the result
         return written[0] if written and outs is None else outs
 

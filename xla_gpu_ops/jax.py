@@ -82,6 +82,7 @@ def paged_attention(
     soft_cap: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    sinks: Any = None,
     abi: str = "ffi",
 ) -> jax.Array:
     """Ragged paged attention (torch_xla `ragged_paged_attention` semantics, docs/DESIGN.md).
@@ -92,6 +93,8 @@ def paged_attention(
     query_start_loc[num_seqs] are zero. scale, sliding_window, soft_cap, k_scale and v_scale are
     static Python numbers (None turns the window and the cap off, and makes a scale 1); an fp8
     kv_cache (float8_e4m3fn) needs a float16 or bfloat16 query on CUDA (any query on XLA:CPU).
+    sinks: float32 [Hq] or None, one logit per query head that joins each row's softmax and adds
+    no value (gpt-oss attention sinks).
 
     abi="ffi" (default) calls the typed FFI target (CUDA or XLA:CPU); abi="legacy" calls the
     api_version 2 target, which exists for CUDA only.

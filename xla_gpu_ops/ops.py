@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 NAMESPACE = "xla_gpu"
+# An optional operand given as None reaches the library as an empty array of this dtype, [0].
+ABSENT_DTYPE = "float32"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 REQUIRED = inspect.Parameter.empty
 
@@ -34,6 +36,10 @@ class Operand:
     # Values the library's check_host_values reads (metadata the GPU path only guards); the
     # optional eager validation copies just these to the host.
     values_checked: bool = False
+    # An optional operand may be None: the front ends pass an empty float32 [0] array for it (the
+    # library reads that as absent), so every custom call has the same operands. Optional
+    # operands come last in the table; callers give them by keyword, after the attributes.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,36 +181,55 @@ class Op:
 
     def _schema(self, mutable: bool, returns: int) -> str:
         written = self.mutated if mutable else ()
-        params = [f"Tensor{'(a!)' if o.name in written else ''} {o.name}" for o in self.operands]
+        params = [
+            f"Tensor{'(a!)' if o.name in written else ''} {o.name}"
+            for o in self.operands[: self.num_required]
+        ]
         for a in self.attrs:
             default = "" if a.default is REQUIRED else f"={a.default!r}"
             params.append(f"{a.schema_type} {a.name}{default}")
+        params += [f"Tensor? {o.name}=None" for o in self.operands[self.num_required :]]
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
         return f"({', '.join(params)}) -> {result}"
 
     # ------------------------------------------------------------------ calls
     def __post_init__(self) -> None:
+        required = [o for o in self.operands if not o.optional]
+        if self.operands[: len(required)] != tuple(required):
+            raise ValueError(f"{self.name}: optional operands must come last in the table")
+        object.__setattr__(self, "num_required", len(required))
+        optional = tuple(o.name for o in self.operands[len(required) :])
+        object.__setattr__(self, "optional_names", optional)
+        # The call order: required operands, attributes, optional operands (as the schema).
+        object.__setattr__(self, "call_names", self.operand_names[: len(required)]
+                           + self.attr_names + optional)  # fmt: skip
         # What `bind` reads on every call, built once as a plain dict and tuple: torch.compile
         # traces the public wrappers, and dynamo cannot trace a cached_property's lock (Python
-        # 3.11) nor compare a frozenset with dict keys. Required attributes map to REQUIRED.
-        object.__setattr__(self, "_attr_template", {a.name: a.default for a in self.attrs})
-        required = tuple(a.name for a in self.attrs if a.default is REQUIRED)
-        object.__setattr__(self, "_required_attrs", required)
+        # 3.11) nor compare a frozenset with dict keys. Required attributes map to REQUIRED,
+        # optional operands to None.
+        template = {a.name: a.default for a in self.attrs} | dict.fromkeys(optional)
+        object.__setattr__(self, "_keyword_template", template)
+        required_attrs = tuple(a.name for a in self.attrs if a.default is REQUIRED)
+        object.__setattr__(self, "_required_attrs", required_attrs)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:
         """(operands in table order, {attribute: value}) from a call's arguments, as Python
-        binds them; TypeError naming a missing, unknown or repeated argument."""
-        # The common call, all operands positional and attributes by keyword, costs one dict
+        binds them (required operands, attributes, optional operands; an optional operand left
+        out is None); TypeError naming a missing, unknown or repeated argument."""
+        # The common call, required operands positional and the rest by keyword, costs one dict
         # merge and two length checks (no unknown keyword when the merge adds no key): the
         # public wrappers run this on every eager call, and dynamo traces it as constants.
-        attrs = {**self._attr_template, **kwargs}
-        if len(args) == len(self.operands) and len(attrs) == len(self.attrs):
+        given = {**self._keyword_template, **kwargs}
+        if len(args) == self.num_required and len(given) == len(self._keyword_template):
             for name in self._required_attrs:
-                if attrs[name] is REQUIRED:
+                if given[name] is REQUIRED:
                     break
             else:
-                return list(args), attrs
-        names = self.operand_names + self.attr_names
+                operands = list(args)
+                for name in self.optional_names:
+                    operands.append(given.pop(name))
+                return operands, given
+        names = self.call_names
         if len(args) > len(names):
             raise TypeError(f"{self.name}: takes {len(names)} arguments, got {len(args)}")
         # zip(strict=True) over equal lengths: dynamo (torch 2.9) reads any strict= as true
@@ -215,7 +240,7 @@ class Op:
             if key in bound:
                 raise TypeError(f"{self.name}: {key}: given twice")
             bound[key] = value
-        for name in self.operand_names:
+        for name in self.operand_names[: self.num_required]:
             if name not in bound:
                 raise TypeError(f"{self.name}: {name}: missing")
         attrs = {}
@@ -226,17 +251,40 @@ class Op:
                 raise TypeError(f"{self.name}: {a.name}: missing")
             else:
                 attrs[a.name] = a.default
-        return [bound[n] for n in self.operand_names], attrs
+        return [bound.get(n) for n in self.operand_names], attrs
+
+    def attrs_from(self, values: Sequence[Any]) -> dict[str, Any]:
+        """{attribute: value} from the leading attribute values in table order; the attributes
+        left out take their defaults."""
+        attrs = dict(zip(self.attr_names[: len(values)], values, strict=True))
+        for a in self.attrs[len(values) :]:
+            attrs[a.name] = a.default
+        return attrs
 
     def split_schema_args(self, args: Sequence[Any]) -> tuple[list, dict]:
-        """(operands, {attribute: value}) from a kernel's positional arguments in schema order;
-        the dispatcher leaves out trailing attributes that equal their defaults."""
-        n = len(self.operands)
-        given = args[n:]
-        attrs = dict(zip(self.attr_names[: len(given)], given, strict=True))
-        for a in self.attrs[len(given) :]:
-            attrs[a.name] = a.default
-        return list(args[:n]), attrs
+        """(operands in table order, {attribute: value}) from a kernel's positional arguments in
+        schema order; the dispatcher leaves out trailing arguments that equal their defaults
+        (an optional operand left out is None)."""
+        n, end = self.num_required, self.num_required + len(self.attrs)
+        optional = list(args[end:])
+        optional += [None] * (len(self.optional_names) - len(optional))
+        return [*args[:n], *optional], self.attrs_from(args[n:end])
+
+    def complete(self, operands: Sequence[Any]) -> list:
+        """Operands in table order with the optional ones a caller left off the end as None;
+        TypeError when a required one is missing or there are too many."""
+        if not self.num_required <= len(operands) <= len(self.operands):
+            raise TypeError(
+                f"{self.name}: takes {self.num_required} to {len(self.operands)} operands "
+                f"({', '.join(self.operand_names)}), got {len(operands)}"
+            )
+        return [*operands, *[None] * (len(self.operands) - len(operands))]
+
+    def schema_args(self, operands: Sequence[Any], attrs: Mapping[str, Any]) -> list:
+        """The positional arguments of the torch op: required operands, attribute values,
+        optional operands (None where absent)."""
+        n = self.num_required
+        return [*operands[:n], *(attrs[name] for name in self.attr_names), *operands[n:]]
 
     def encode_attrs(self, attrs: Mapping[str, Any]) -> tuple[float | int, ...]:
         """The values the library reads, in table order (None -> the attribute's `none` value);
@@ -254,21 +302,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def public_signature(op: Op, extra: Sequence[str] = ()) -> Callable[[F], F]:
     """Checks a hand-written public wrapper's signature against the table at import: its
-    parameters must be the op's operands, then its attributes (keyword-only, same defaults),
-    then `extra` keyword-only parameters of the front end. So the spelled-out signature users
-    see can never drift from the op."""
+    parameters must be the op's required operands, then its attributes and its optional operands
+    (keyword-only, the same defaults; None for an optional operand), then `extra` keyword-only
+    parameters of the front end. So the spelled-out signature users see can never drift from the
+    op."""
 
     def check(fn: F) -> F:
         params = list(inspect.signature(fn).parameters.values())
-        expected = [*op.operand_names, *op.attr_names, *extra]
+        expected = [*op.call_names, *extra]
         if [p.name for p in params] != expected:
             raise TypeError(
                 f"{fn.__qualname__}: parameters {[p.name for p in params]} != {expected}"
             )
-        for p, a in zip(params[len(op.operands) :], op.attrs, strict=False):
-            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default != a.default:
+        defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names)
+        keyword_only = params[op.num_required : op.num_required + len(defaults)]
+        for p, default in zip(keyword_only, defaults, strict=True):
+            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default != default:
                 raise TypeError(
-                    f"{fn.__qualname__}: {a.name} must be keyword-only, default {a.default}"
+                    f"{fn.__qualname__}: {p.name} must be keyword-only, default {default}"
                 )
         return fn
 
@@ -305,6 +356,7 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
         ((num_slots, pages_per_seq), np.int32),
         ((num_slots + 1,), np.int32),
         ((1,), np.int32),
+        ((num_q_heads,), np.float32),
     ]
     sample = {
         name: np.zeros(shape, dtype)
@@ -312,7 +364,7 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
     }
     if not zeros:
         rng = np.random.default_rng(0)
-        for name in ("query", "kv_cache"):
+        for name in ("query", "kv_cache", "sinks"):
             sample[name][...] = rng.standard_normal(sample[name].shape, np.float32)
         sample["block_tables"][...] = np.arange(num_pages, dtype=np.int32)[::-1].reshape(
             num_slots, pages_per_seq
@@ -356,6 +408,13 @@ PAGED_ATTENTION = Op(
         Operand("block_tables", 2, "int32", "[S, pages_per_seq]", values_checked=True),
         Operand("query_start_loc", 1, "int32", "[S + 1]", values_checked=True),
         Operand("num_seqs", 1, "int32", "[1]", host_ok=True, values_checked=True),
+        Operand(
+            "sinks",
+            1,
+            "float32",
+            "[Hq]: a logit per query head that joins the softmax and adds no value; None: none",
+            optional=True,
+        ),
     ),
     attrs=(
         Attr("scale", float, "logits multiplier"),

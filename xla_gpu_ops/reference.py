@@ -25,13 +25,17 @@ def paged_attention(
     k_scale: float | None = None,
     v_scale: float | None = None,
     *,
+    sinks: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """out[T, Hq, D]; softmax and products in `compute_dtype` (float64 for a tight oracle).
 
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
-    scales apply as logits * k_scale and out * v_scale. Rows at or past query_start_loc[num_seqs]
-    are zero. Metadata must already be valid (the library's check_host_values).
+    scales apply as logits * k_scale and out * v_scale. sinks [Hq] (None or empty: none): head h's
+    sink is one more logit in each of its rows, after scale, soft cap and mask, that joins the
+    softmax and is dropped after it (gpt-oss's attention sinks). Rows at or past
+    query_start_loc[num_seqs] are zero. Metadata must already be valid (the library's
+    check_host_values).
     """
     _, num_q_heads, head_dim = query.shape
     page_size = kv_cache.shape[1]
@@ -61,7 +65,12 @@ def paged_attention(
         if sliding_window is not None:
             masked |= k_pos <= q_pos - sliding_window
         logits = logits.masked_fill(masked, float("-inf"))
-        attended = torch.einsum("hqk,khd->qhd", torch.softmax(logits, dim=-1), v)
+        if sinks is not None and sinks.numel():
+            sink = sinks.to(compute_dtype)[:, None, None].expand(-1, q_len, 1)
+            probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(logits, dim=-1)
+        attended = torch.einsum("hqk,khd->qhd", probs, v)
         out[q_start:q_end] = attended * (v_scale or 1.0)
     return out.to(query.dtype)
 

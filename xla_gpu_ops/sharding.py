@@ -109,6 +109,7 @@ def shard_map_call(
 ):
     """`xla_gpu_ops.jax.call(op, ...)` run under `jax.shard_map` with heads split on `axis`."""
     op = ops.get(op)
+    operands = _jax_ffi.present(op.complete(operands))
     _check_mesh(op, operands, mesh, axis)
     outs = output_specs(op, axis)
     attrs = dict(attrs)
@@ -171,7 +172,7 @@ def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
     for name, shape in by_name.items():
         dims: list[Any] = [f"{name}_{j}" for j in range(len(shape))]
         entry = layout.dims.get(name)
-        if entry is not None and share:
+        if entry is not None and share and shape[entry.dim] > 0:  # not an absent operand, [0]
             per_kv = shape[entry.dim] // kv_heads
             if per_kv == 1:  # Shardy rejects size-1 factors inside a compound
                 dims[entry.dim] = "kv"
@@ -256,6 +257,7 @@ def partitioned_call(
     shardings (custom_partitioning + Shardy rule) instead of gathering them. On one device it
     is the plain call."""
     op = ops.get(op)
+    operands = _jax_ffi.present(op.complete(operands))
     # Errors here rather than inside the partitioner: an op without a rule, bad attributes,
     # head dimensions that do not fit the KV heads.
     head_sharding.check_split(op, [np.shape(x) for x in operands], 1, "one device")

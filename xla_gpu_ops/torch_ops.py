@@ -43,18 +43,20 @@ def wrapper(op: ops.Op) -> Callable[[Callable], Callable]:
             if (
                 (VALIDATE_DEFAULT if validate is None else validate)
                 and not torch.compiler.is_compiling()
-                and all(isinstance(t, torch.Tensor) for t in operands)
+                and all(isinstance(t, torch.Tensor) for t in operands[: op.num_required])
                 and operands[0].device.type in ("cpu", "cuda")
             ):
                 check_values(op, operands, attrs)
             try:
-                return overload(*operands, *[attrs[name] for name in op.attr_names])
+                return overload(*op.schema_args(operands, attrs))
             except RuntimeError:
                 # The dispatcher's schema check ("Expected a value of type 'Tensor' for argument
                 # 'query' ..."): the same as a TypeError / ValueError naming the argument, without
                 # the dump. Only on this error path, so a good call pays nothing for it.
                 for i, value in enumerate(operands):
-                    if not isinstance(value, torch.Tensor):
+                    if not isinstance(value, torch.Tensor) and (
+                        i < op.num_required or value is not None
+                    ):
                         raise TypeError(
                             f"{op.name}: {op.operands[i].name}: expected a torch.Tensor, "
                             f"got {type(value).__name__}"
@@ -112,6 +114,7 @@ def paged_attention(
     soft_cap: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    sinks: torch.Tensor | None = None,
     validate: bool | None = None,
 ) -> torch.Tensor:
     """Ragged paged attention, torch_xla `ragged_paged_attention` semantics (docs/DESIGN.md).
@@ -124,7 +127,9 @@ def paged_attention(
     scale multiplies the logits; sliding_window (None: off) masks keys older than that many
     positions; soft_cap (None: off) maps logits to soft_cap * tanh(logits / soft_cap). kv_cache
     may be float8_e4m3fn (on CUDA with a float16 or bfloat16 query) with the dequantisation
-    scales k_scale (logits * k_scale) and v_scale (out * v_scale), None: 1.
+    scales k_scale (logits * k_scale) and v_scale (out * v_scale), None: 1. sinks: float32 [Hq]
+    on query's device, or None: one logit per query head that joins each row's softmax and adds
+    no value (gpt-oss attention sinks; not scaled, not capped).
 
     Static checks (shapes, dtypes, attributes) always run and never sync. validate=True (or
     XLA_GPU_OPS_VALIDATE=1 at import, when validate is None) also checks the metadata values on

@@ -172,9 +172,11 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
     """The op's outputs as new tensors (an in-place result is the operand's new value), on an
     XLA device: the custom call or the composite. Static checks run here through the library
     (shapes, dtypes, attributes); values stay on the device."""
-    operands = list(operands)
+    operands = op.complete(operands)
     device = operands[0].device
     for i, operand in enumerate(op.operands):
+        if operands[i] is None:  # an optional operand left out: the library reads [0] as absent
+            operands[i] = torch.empty(0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device)
         # e.g. num_seqs may come from the host (vLLM keeps it there)
         if operand.host_ok and operands[i].device.type == "cpu":
             operands[i] = operands[i].to(device)
@@ -195,7 +197,8 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
     backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
     if op.attrs:
         key = backend_config.encode() if abi == "ffi" else backend_config
-        operands[-1] = fold_config_into_cache_key(operands[-1], key)
+        last = op.num_required - 1  # never an optional operand: that one may be empty
+        operands[last] = fold_config_into_cache_key(operands[last], key)
     outs = emit_custom_call(
         op, operands, [r.shape for r in results], [torch_dtype(r.dtype) for r in results],
         abi, backend_config,
@@ -205,7 +208,8 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
 
 def composite_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) -> list:
     """The op's outputs from its composite (plain tensor ops, any device, functional)."""
-    outs = COMPOSITES[op.name](*operands, **attrs)
+    optional = dict(zip(op.optional_names, operands[op.num_required :], strict=True))
+    outs = COMPOSITES[op.name](*operands[: op.num_required], **attrs, **optional)
     return list(outs) if isinstance(outs, tuple) else [outs]
 
 
@@ -300,6 +304,8 @@ def paged_attention_composite(
     soft_cap: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    *,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """paged_attention as plain tensor ops with static shapes (one XLA graph, no host sync).
 
@@ -349,7 +355,11 @@ def paged_attention_composite(
     # and zero it below, so no NaN is ever produced.
     visible_or_first = visible | (~visible.any(dim=1, keepdim=True) & (key_pos == 0))
     logits = logits.masked_fill(~visible_or_first[:, None, None, :], float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    if sinks is not None and sinks.numel():  # one more logit per head, dropped after the softmax
+        sink = sinks.float().reshape(1, num_kv_heads, group, 1).expand(num_tokens, -1, -1, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits, dim=-1)
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(num_tokens, num_q_heads, head_dim)
     out = out * (v_scale or 1.0)
     out = torch.where(valid_token[:, None, None], out, torch.zeros((), device=device))

@@ -28,6 +28,7 @@ import torch
 
 import xla_gpu_ops._torch_library  # noqa: F401  (defines torch.ops.xla_gpu.*)
 from xla_gpu_ops import head_sharding, ops
+from xla_gpu_ops._torch import torch_dtype
 from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 
 __all__ = ["DEFAULT_AXIS", "call", "kv_cache_update", "paged_attention", "partition_specs"]
@@ -82,9 +83,11 @@ def call(
         size = head_sharding.axis_size(_mesh_shape(mesh), axis)
     except ValueError as error:
         raise ValueError(f"{op.name}: {error}") from None
-    operands = list(operands)
+    operands = op.complete(operands)
     device = operands[0].device
     for i, operand in enumerate(op.operands):
+        if operands[i] is None:  # an optional operand left out: [0], which the library ignores
+            operands[i] = torch.empty(0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device)
         # e.g. num_seqs may live on the host: it has to be an XLA tensor to be marked
         if operand.host_ok and operands[i].device.type == "cpu":
             operands[i] = operands[i].to(device)
@@ -103,7 +106,7 @@ def call(
     # An op that writes in place runs as its functional twin on the local shards; its result
     # then goes back into the caller's operand, as the torch op would have written it.
     name = op.functional_name if op.aliases else op.name
-    outs = getattr(getattr(torch.ops, ops.NAMESPACE), name)(*local, **dict(attrs))
+    outs = getattr(getattr(torch.ops, ops.NAMESPACE), name)(*op.schema_args(local, attrs))
     outs = (outs,) if op.returned == 1 else tuple(outs)
     full_shapes = [operands[op.operand_names.index(like)].shape for like in op.returned_like]
     results = tuple(

@@ -23,7 +23,7 @@ extern "C" {
 #define XGO_EXPORT __attribute__((visibility("default")))
 
 // Version of this header; Python refuses a library whose version differs.
-#define XGO_ABI_VERSION 2
+#define XGO_ABI_VERSION 3
 
 typedef enum {
   XGO_OK = 0,

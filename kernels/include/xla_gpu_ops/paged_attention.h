@@ -9,6 +9,8 @@
 //   block_tables    int32 [max_num_seqs, pages_per_seq]
 //   query_start_loc int32 [max_num_seqs + 1]
 //   num_seqs        int32 [1]
+//   sinks           float32 [num_q_heads], or [0] for none: one logit per query head that joins
+//                   the softmax's denominator and adds no value (gpt-oss; docs/DESIGN.md)
 //   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
 //   workspace       float32 [plan.workspace_elems]: scratch, sized from static shapes only
 // Attributes: scale (f32), sliding_window (i64, 0 = none), soft_cap (f32, 0 = none), k_scale and
@@ -46,14 +48,16 @@ struct PagedAttentionConfig {
   float soft_cap;  // 0: no cap
   float k_scale;
   float v_scale;
+  bool has_sinks;  // sinks is [num_q_heads], not [0]
 };
 
 struct PagedAttention {
   static constexpr const char* kName = "paged_attention";
-  enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs };
-  static constexpr std::array<const char*, 6> kOperandNames = {
-      "query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs"};
-  enum { kOut = 6, kWorkspace = 7 };  // buffer indices: results follow the operands
+  enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs, kSinks };
+  static constexpr std::array<const char*, 7> kOperandNames = {
+      "query",           "kv_cache", "context_lens", "block_tables",
+      "query_start_loc", "num_seqs", "sinks"};
+  enum { kOut = 7, kWorkspace = 8 };  // buffer indices: results follow the operands
   static constexpr std::array<const char*, 2> kResultNames = {"out", "workspace"};
   struct Attrs {
     float scale;

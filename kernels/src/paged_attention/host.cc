@@ -82,7 +82,8 @@ int32_t CheckMetadata(const PagedAttentionConfig& c, const int32_t* context_lens
 template <typename T, typename KV>
 int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                        const int32_t* context_lens, const int32_t* block_tables,
-                       const int32_t* query_start_loc, const int32_t* num_seqs, void* out) {
+                       const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
+                       void* out) {
   using S = typename T::Storage;
   using KS = typename KV::Storage;
   const S* q_data = static_cast<const S*>(query);
@@ -139,7 +140,9 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
             probs[pos] = logit;
             if (logit > max_logit) max_logit = logit;
           }
-          double denominator = 0.0;
+          // A sink joins the denominator as one more logit, unscaled and uncapped.
+          if (sinks != nullptr) max_logit = std::max(max_logit, static_cast<double>(sinks[h]));
+          double denominator = sinks != nullptr ? std::exp(sinks[h] - max_logit) : 0.0;
           for (int64_t pos = first_key; pos <= q_pos; ++pos) {
             probs[pos] = std::exp(probs[pos] - max_logit);
             denominator += probs[pos];
@@ -162,16 +165,17 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
 // out = ragged paged attention (docs/DESIGN.md), metadata checked first.
 int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                   const int32_t* context_lens, const int32_t* block_tables,
-                  const int32_t* query_start_loc, const int32_t* num_seqs, void* out) {
+                  const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
+                  void* out) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
     using T = typename decltype(type)::Type;
     if (c.kv_dtype == XGO_F8E4M3FN) {
       return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
-                                               query_start_loc, num_seqs, out);
+                                               query_start_loc, num_seqs, sinks, out);
     }
     return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
-                                num_seqs, out);
+                                num_seqs, sinks, out);
   });
 }
 
@@ -194,7 +198,9 @@ int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
                    static_cast<const int32_t*>(buffers[kContextLens]),
                    static_cast<const int32_t*>(buffers[kBlockTables]),
                    static_cast<const int32_t*>(buffers[kQueryStartLoc]),
-                   static_cast<const int32_t*>(buffers[kNumSeqs]), buffers[kOut]);
+                   static_cast<const int32_t*>(buffers[kNumSeqs]),
+                   c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
+                   buffers[kOut]);
 }
 
 }  // namespace xgo

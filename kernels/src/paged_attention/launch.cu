@@ -367,7 +367,7 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   if (c.num_tokens == 0) return XGO_OK;  // empty batch: no rows to write
   for (int i = 0; i <= kWorkspace; ++i) {
     const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];
-    if (buffers[i] == nullptr) {
+    if (buffers[i] == nullptr && (i != kSinks || c.has_sinks)) {  // no sinks: [0], any pointer
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", name);
     }
   }
@@ -387,6 +387,7 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.query_start_loc = static_cast<const int32_t*>(buffers[kQueryStartLoc]);
   params.num_seqs = static_cast<const int32_t*>(buffers[kNumSeqs]);
   params.out = buffers[kOut];
+  params.sinks = c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr;
   params.flags = reinterpret_cast<int32_t*>(workspace);
   params.partial_state = reinterpret_cast<PartState*>(workspace + plan.state_offset);
   params.partial_out = workspace + plan.out_offset;

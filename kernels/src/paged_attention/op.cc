@@ -52,7 +52,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   const Shape& block_tables = call.operands[kBlockTables];
   const Shape& query_start_loc = call.operands[kQueryStartLoc];
   const Shape& num_seqs = call.operands[kNumSeqs];
-  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1};
+  const Shape& sinks = call.operands[kSinks];
+  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1};
   for (int i = 0; i < static_cast<int>(kOperandNames.size()); ++i) {
     XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
   }
@@ -64,6 +65,13 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   }
   for (int i = kContextLens; i <= kNumSeqs; ++i) {
     XGO_RETURN_IF_FAILED(CheckDtype(kOp, kOperandNames[i], call.operands[i], DtypeSet<XGO_S32>{}));
+  }
+  XGO_RETURN_IF_FAILED(CheckDtype(kOp, "sinks", sinks, DtypeSet<XGO_F32>{}));
+  if (sinks.dims[0] != 0 && sinks.dims[0] != query.dims[1]) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: sinks: shape must be (%lld,) (one per query head) or (0,) for "
+                "none, got %s",
+                static_cast<long long>(query.dims[1]), sinks.Text().c_str());
   }
   const int64_t head_dim = query.dims[2];
   if (kv_cache.dims[3] != head_dim) {
@@ -104,6 +112,7 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.soft_cap = call.attrs.soft_cap;
   c.k_scale = call.attrs.k_scale;
   c.v_scale = call.attrs.v_scale;
+  c.has_sinks = sinks.dims[0] > 0;
 
   // num_tokens may be 0 (an empty batch launches nothing); every other dim must be positive.
   if (c.num_tokens < 0) return Invalid("query", "num_tokens must be >= 0", c.num_tokens);

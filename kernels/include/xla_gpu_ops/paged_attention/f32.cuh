@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(kThreads)
   if (!row_ok) return;
   const int token = w.tok0 + r / p.heads_per_block;
   const int head = w.head0 + r % p.heads_per_block;
-  const float inv = softmax.Inverse(0);
+  const float inv =
+      softmax.Inverse(0, w.num_splits == 1 ? SinkTerm(p, head, softmax.max[0]) : 0.0f);
   const int64_t out_row = static_cast<int64_t>(token) * p.num_q_heads + head;
   if (w.num_splits == 1) {
     float* dst = static_cast<float*>(p.out) + out_row * kD;

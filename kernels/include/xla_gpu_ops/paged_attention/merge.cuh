@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
     scale[g] = exp2f(s_max[g] - base);
     total += scale[g] * s_sum[g];
   }
+  total += SinkTerm(p, static_cast<int>(row % p.num_q_heads), base);
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   T* out = static_cast<T*>(p.out) + out_row * p.head_dim;
   for (int v = tid; v < vecs; v += kThreads) {

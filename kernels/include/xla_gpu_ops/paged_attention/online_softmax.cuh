@@ -119,9 +119,11 @@ struct OnlineSoftmax {
       }
     }
   }
-  // 1 / sum, 0 for a row that saw no key (its output is 0).
-  __device__ __forceinline__ float Inverse(int r) const {
-    return sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+  // 1 / (sum + extra), 0 for a row that saw no key (its output is 0); `extra` is a finished
+  // row's attention sink (SinkTerm), 0 otherwise.
+  __device__ __forceinline__ float Inverse(int r, float extra = 0.0f) const {
+    const float total = sum[r] + extra;
+    return total > 0.0f ? 1.0f / total : 0.0f;
   }
 };
 

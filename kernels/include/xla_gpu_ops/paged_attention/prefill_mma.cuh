@@ -260,7 +260,13 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) inv[mi][h] = softmax.Inverse(2 * mi + h);
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
+        const float sink = w.num_splits == 1 && r < w.rows
+                               ? SinkTerm(p, w.head0 + r % p.heads_per_block, softmax.max[2 * mi + h])
+                               : 0.0f;
+        inv[mi][h] = softmax.Inverse(2 * mi + h, sink);
+      }
     }
     if (w.num_splits == 1) {
 #pragma unroll

@@ -721,8 +721,16 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
   // Epilogue. Row sums over the 4 threads of a row; empty splits write zero parts and
   // the state {-inf, 0}.
   c.softmax.SumRows();
-  const float inv[2] = {c.softmax.Inverse(0), c.softmax.Inverse(1)};
   const int row_base = 64 * cw + 16 * warp;  // this warp's 16 rows
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_base + lane / 4 + 8 * h;
+    const float sink = w.num_splits == 1 && r < w.rows
+                           ? SinkTerm(p, w.head0 + r % p.heads_per_block, c.softmax.max[h])
+                           : 0.0f;
+    inv[h] = c.softmax.Inverse(h, sink);
+  }
   if (w.num_splits == 1) {
     // Normalised rows go through this warp's own Q rows in shared memory (no wgmma reads them
     // any more: this consumer's last one has completed, the other consumer reads only its own)

@@ -264,6 +264,14 @@ __device__ __forceinline__ void StorePartState(const PagedAttentionParams& p, co
   (w.by_sequence ? p.short_state : p.partial_state)[PartRow(p, w, token, head)] = {max, sum};
 }
 
+// A sink's share of the softmax denominator of a row of query head `head` whose maximum logit is
+// `max` (log2 domain), 0 without sinks: exp(sink - max) in natural units, the sink taken as a
+// logit after scale and soft cap. Added where a row is finished (one split, or the merge), never
+// to a split's part. A row that saw no key (max -inf) gets +inf, so its output stays 0.
+__device__ __forceinline__ float SinkTerm(const PagedAttentionParams& p, int head, float max) {
+  return p.sinks == nullptr ? 0.0f : exp2f(fmaf(p.sinks[head], kLog2e, -max));
+}
+
 // A sequence with inconsistent metadata: NaN in all of its rows (every split writes NaN parts),
 // shared by `threads` threads of which this is `thread` (by default the whole block).
 template <typename T>
@@ -534,10 +542,11 @@ __device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams
       o.x += weight * part.x, o.y += weight * part.y;
       o.z += weight * part.z, o.w += weight * part.w;
     }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
+    const float total = w.num_splits == 1 ? sum + SinkTerm(p, head, base) : sum;
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     StoreRow4<T>(p, w, token, head, d, o);
     if (d == 0) StorePartState(p, w, token, head, m, sum);
   }

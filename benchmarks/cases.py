@@ -127,10 +127,11 @@ def mixed_case(seed: int = 1234) -> Case:
     return Case("mixed_4prefill_60decode_h32-8_d128_p16", "mixed", tuple(seqs), slow_peers=True)
 
 
-def prefill_case(batch: int, length: int, head_dim: int = 128) -> Case:
+def prefill_case(batch: int, length: int, head_dim: int = 128, heads=(32, 8)) -> Case:
     """A causal prefill batch; the D=128 rows also run the slow peers."""
-    return Case(f"prefill_B{batch}_len{_k(length)}_h32-8_d{head_dim}_p16", "prefill",
-                ((length, length),) * batch, head_dim=head_dim,
+    hq, hkv = heads
+    return Case(f"prefill_B{batch}_len{_k(length)}_h{hq}-{hkv}_d{head_dim}_p16", "prefill",
+                ((length, length),) * batch, hq, hkv, head_dim=head_dim,
                 slow_peers=head_dim == 128)  # fmt: skip
 
 

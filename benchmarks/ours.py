@@ -47,15 +47,16 @@ def sm90_prefill_available() -> bool:
 
 # ------------------------------------------------------------------------------ torch
 def op_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                       *, scale: float):  # fmt: skip
+                       *, scale: float, sliding_window=None, sinks=None):  # fmt: skip
     """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
 
     return torch.ops.xla_gpu.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale
-    )
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
+        sliding_window, sinks=sinks,
+    )  # fmt: skip
 
 
 def op_simple_add(a, b):
@@ -120,13 +121,15 @@ def torchax_register() -> None:
 
 # ------------------------------------------------------------------------------ reference
 def reference_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                              num_seqs, *, scale: float, compute_dtype=None):  # fmt: skip
+                              num_seqs, *, scale: float, compute_dtype=None, sliding_window=None,
+                              sinks=None):  # fmt: skip
     from xla_gpu_ops import reference
 
     kwargs = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
     return reference.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale, **kwargs
-    )
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
+        sliding_window, sinks=sinks, **kwargs,
+    )  # fmt: skip
 
 
 def reference_simple_add(a, b):

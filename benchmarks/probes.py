@@ -14,6 +14,10 @@ noise), and the fraction of its bytes floor at the read bandwidth measured first
   long     B1 from 4k to 128k keys, and B32 x 64k
   dtypes   the anchor in float16 and float32
   mixed    the benchmark's mixed batch, its decodes alone and its prefills alone
+sinks: our op with attention sinks against the same call without, on the anchor rows (decode
+B32 x 4k, B1 x 64k; prefill B8 x 2k, B1 x 8k; the mixed batch) and gpt-oss-shaped ones (Hq 64 /
+Hkv 8, D 64, sliding window 128 and full): each pair timed in alternation, twice, with the ratio
+(the target: <= 1.03) and the relative L2 error of the sinks output against a float32 reference.
 prefill [--cases SUBSTR] [--ours-only]: the causal prefill rows (B1 x 8k and B8 x 2k at D 64, 128,
 256) and the mixed batch on the sm_90a kernel and on the mma.sync one (each forced in turn by
 the library's test hook), and torch SDPA on contiguous K/V; each kernel's relative L2 error
@@ -222,6 +226,45 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
     return 1 if inaccurate else 0
 
 
+# ------------------------------------------------------------------------------ sinks
+def sinks_rows() -> list[tuple[Case, int | None]]:
+    """(case, sliding window): the anchor rows and gpt-oss's shapes (Hq 64 / Hkv 8, D 64)."""
+    rows: list[tuple[Case, int | None]] = [
+        (decode_case(32, 4096, (32, 8)), None), (decode_case(1, 65536, (32, 8)), None),
+        (prefill_case(8, 2048), None), (prefill_case(1, 8192), None), (mixed_case(), None),
+    ]  # fmt: skip
+    for window in (None, 128):
+        rows += [(decode_case(32, 4096, (64, 8), head_dim=64), window),
+                 (prefill_case(8, 2048, 64, heads=(64, 8)), window)]  # fmt: skip
+    return rows
+
+
+def probe_sinks() -> None:
+    import torch
+
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
+    print(f"{'case':60s} {'plain µs':>9s} {'sinks µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+          "rel L2", flush=True)  # fmt: skip
+    for case, window in sinks_rows():
+        copies = _copies(case)
+        sinks = torch.randn(case.num_q_heads, device="cuda", generator=torch.Generator(
+            "cuda").manual_seed(5)) + 2.0  # fmt: skip
+        scale = scale_of(case)
+        plain = [functools.partial(ours.op_paged_attention, *(c[n] for n in OPERANDS), scale=scale,
+                                   sliding_window=window) for c in copies]  # fmt: skip
+        with_sinks = [functools.partial(call, sinks=sinks) for call in plain]
+        times = [_us(calls) for calls in (plain, with_sinks, plain, with_sinks)]
+        ratio = max(times[1], times[3]) / max(times[0], times[2])
+        out = with_sinks[0]().float()
+        expected = ours.reference_paged_attention(*(copies[0][n] for n in OPERANDS), scale=scale,
+                                                  sliding_window=window, sinks=sinks)  # fmt: skip
+        error = rel_l2(out, expected.float())
+        name = case.name + (f"-w{window}" if window else "")
+        print(f"{name:60s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+              f"{ratio:.3f}  {error:.1e}", flush=True)  # fmt: skip
+        del copies, plain, with_sinks
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks probe",
                                      description=__doc__.splitlines()[0],
@@ -230,11 +273,15 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="probe", required=True)
     decode = sub.add_parser("decode", help="decode shapes and groups")
     decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")
+    sub.add_parser("sinks", help="the cost of attention sinks on the anchor and gpt-oss rows")
     prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
     prefill.add_argument("--cases", default="", help="keep the cases whose name contains this")
     prefill.add_argument("--ours-only", action="store_true", help="our op alone, its own choice")
     args = parser.parse_args(argv)
     if args.probe == "decode":
         probe_decode(args.groups)
+        return 0
+    if args.probe == "sinks":
+        probe_sinks()
         return 0
     return probe_prefill(args.cases, args.ours_only)

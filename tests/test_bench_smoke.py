@@ -771,3 +771,15 @@ def test_library_ab_reads_the_probe_rows_and_other_patterns():
         library_ab.compile_pattern(r"(\S+) ([0-9.]+)")
     with pytest.raises(SystemExit, match="--pattern"):
         library_ab.compile_pattern(r"(?P<case>[")
+
+
+def test_sinks_probe_rows_are_the_anchor_and_gpt_oss_shapes():
+    from benchmarks import probes
+
+    rows = {(case.name, window) for case, window in probes.sinks_rows()}
+    assert ("decode_B32_ctx4k_h32-8_d128_p16", None) in rows  # the anchor
+    for window in (None, 128):  # gpt-oss: Hq 64 / Hkv 8, D 64, full and a 128-token window
+        assert ("decode_B32_ctx4k_h64-8_d64_p16", window) in rows
+        assert ("prefill_B8_len2k_h64-8_d64_p16", window) in rows
+    for case, _ in probes.sinks_rows():
+        assert f"h{case.num_q_heads}-{case.num_kv_heads}_d{case.head_dim}" in case.name

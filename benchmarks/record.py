@@ -195,6 +195,10 @@ def results_md(results_dir: Path = RESULTS_DIR) -> str:
                     f"{str(env['git_commit'])[:7]} | {measured} of {len(data['cases'])} | "
                     f"{counts['met']} met, {counts['missed']} missed | "
                     f"[{folder.name}/]({folder.name}/README.md) |")  # fmt: skip
+    checks = [f"- [{path.parent.name}/]({path.parent.name}/README.md): "
+              f"{path.read_text().splitlines()[0].lstrip('# ')}"
+              for path in sorted(results_dir.glob("*/README.md"))
+              if not (path.parent / "results.json").exists()]  # fmt: skip
     return "\n".join([
         "# Benchmark records",
         "",
@@ -206,6 +210,7 @@ def results_md(results_dir: Path = RESULTS_DIR) -> str:
         "| GPU | run | commit | cases measured | verdicts | record |",
         "|---|---|---|---|---|---|",
         *rows,
+        *(["", "GPU kinds with tests and probes but no benchmark run yet:", "", *checks] if checks else []),
         "",
     ])  # fmt: skip
 

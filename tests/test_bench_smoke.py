@@ -634,6 +634,23 @@ def test_publish_keeps_one_record_per_gpu_kind(tmp_path):
     assert record.current_record({"gpu": None}, results_dir) is None
 
 
+def test_index_lists_a_gpu_kind_with_checks_only(tmp_path):
+    """A folder with a README and no results.json (tests and probes, no benchmark run) is listed
+    under the records, by its README's title; publishing that kind's first run replaces it."""
+    results_dir = tmp_path / "results"
+    (results_dir / "nvidia-b200").mkdir(parents=True)
+    (results_dir / "nvidia-b200" / "README.md").write_text("# GPU checks: NVIDIA B200\n\ntests\n")
+    h100, _ = _gpu_run(tmp_path, "h100", device="NVIDIA H100 80GB HBM3")
+    record.publish(h100, results_dir)
+    index = (results_dir / "RESULTS.md").read_text()
+    assert "| NVIDIA H100 80GB HBM3 |" in index
+    assert "- [nvidia-b200/](nvidia-b200/README.md): GPU checks: NVIDIA B200" in index
+    b200, _ = _gpu_run(tmp_path, "b200", device="NVIDIA B200")
+    record.publish(b200, results_dir)
+    index = (results_dir / "RESULTS.md").read_text()
+    assert "| NVIDIA B200 |" in index and "GPU checks" not in index
+
+
 def test_publish_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_path, monkeypatch):
     """Only time-limit skips are filled, only from a run of the same commit, device and library;
     the verdicts are made again from the joined cases."""

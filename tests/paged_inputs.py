@@ -177,3 +177,18 @@ def library_call(op, operands, attrs):
         op, [tuple(x.shape) for x in operands], [name(x) for x in operands], op.encode_attrs(attrs)
     )
     return call, _library.describe(op, call)
+
+
+def to_jax_arrays(inputs: dict, device) -> list:
+    """The tensors' values (fp8 through its bytes, bf16 through f32) as jax arrays on device."""
+    import jax
+    import jax.numpy as jnp
+
+    def to_jax(t):
+        if t.dtype == torch.float8_e4m3fn:
+            return jnp.asarray(t.view(torch.uint8).numpy()).view(jnp.float8_e4m3fn)
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(t.numpy())
+
+    return [jax.device_put(to_jax(t), device) for t in inputs.values()]

@@ -13,7 +13,14 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from paged_inputs import MIXED, fresh_seed, make_cache_write_inputs, make_paged_inputs, rel_l2
+from paged_inputs import (
+    MIXED,
+    fresh_seed,
+    make_cache_write_inputs,
+    make_paged_inputs,
+    rel_l2,
+    to_jax_arrays,
+)
 
 import xla_gpu_ops
 from xla_gpu_ops import _library, ops, reference
@@ -150,21 +157,6 @@ def test_fp8_query_is_rejected_naming_it():
 
 
 # ---------------------------------------------------------------------------- JAX
-def to_jax_arrays(inputs: dict, device) -> list:
-    """The tensors' values (fp8 through its bytes, bf16 through f32) as jax arrays on device."""
-    import jax
-    import jax.numpy as jnp
-
-    def to_jax(t):
-        if t.dtype == FP8:
-            return jnp.asarray(t.view(torch.uint8).numpy()).view(jnp.float8_e4m3fn)
-        if t.dtype == torch.bfloat16:
-            return jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)
-        return jnp.asarray(t.numpy())
-
-    return [jax.device_put(to_jax(t), device) for t in inputs.values()]
-
-
 def jax_gpus() -> list:
     if importlib.util.find_spec("jax") is None:
         return []

@@ -1,6 +1,7 @@
 """Attention sinks (gpt-oss) on the front ends that run on a CPU: the reference against the
-formula written out, the torch op and its wrapper (CPU reference, opcheck), JAX on the XLA:CPU host handler, torch_xla's composite and custom call, and the errors that name
-`sinks`. Elsewhere: the CUDA kernels (tests/test_kernels_cuda.py), torchax (tests/test_torchax.py),
+formula written out, the torch op and its wrapper (CPU reference, opcheck), JAX on the XLA:CPU
+host handler, both with an fp8 cache too, torch_xla's composite and custom call, and the errors
+that name `sinks`. Elsewhere: the CUDA kernels (tests/test_kernels_cuda.py), torchax (tests/test_torchax.py),
 torch.compile (tests/test_compile_wrappers.py), the split by KV head (tests/test_sharding.py).
 
 Semantics (docs/DESIGN.md): head h's sink is one more logit in each of h's rows, after scale,
@@ -17,7 +18,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from paged_inputs import DECODE, MIXED, PREFILL, fresh_seed, make_paged_inputs, rel_l2
+from paged_inputs import (
+    DECODE,
+    MIXED,
+    PREFILL,
+    fresh_seed,
+    make_paged_inputs,
+    rel_l2,
+    to_jax_arrays,
+)
 
 import xla_gpu_ops
 from xla_gpu_ops import _library, ops, reference
@@ -165,3 +174,32 @@ def test_torch_xla_composite_and_custom_call(monkeypatch):
         hlo = torch_xla._XLAC._get_xla_tensors_hlo([lazy])
         line = next(x for x in hlo.splitlines() if ops.PAGED_ATTENTION.ffi_target in x)
         assert f"{operand}" in line.split("custom-call(")[1], line
+
+
+@needs_library
+@pytest.mark.parametrize("front_end", ["torch", "jax"])
+def test_fp8_cache_with_sinks(front_end):
+    """An fp8 cache with k_scale / v_scale and sinks together: the torch CPU op and JAX's XLA:CPU
+    host handler against the reference (which dequantises the same bytes)."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2, sinks=True)
+    inputs["kv_cache"] = (inputs["kv_cache"].float() * 40.0).to(torch.float8_e4m3fn)
+    attrs = {"scale": 0.1, "k_scale": 0.025, "v_scale": 0.5}
+    expected = reference.paged_attention(**inputs, **attrs, compute_dtype=torch.float64)
+    plain = reference.paged_attention(**{**inputs, "sinks": None}, **attrs,
+                                      compute_dtype=torch.float64)  # fmt: skip
+    assert rel_l2(expected, plain) > 1e-2, f"the sinks changed nothing (seed {seed})"
+    if front_end == "torch":
+        out = xla_gpu_ops.paged_attention(**inputs, **attrs).float()
+    else:
+        if importlib.util.find_spec("jax") is None:
+            pytest.skip("needs jax")
+        import jax
+        import jax.numpy as jnp
+
+        from xla_gpu_ops import jax as xgo_jax
+
+        arrays = dict(zip(inputs, to_jax_arrays(inputs, jax.devices("cpu")[0]), strict=True))
+        out = xgo_jax.paged_attention(**arrays, **attrs)
+        out = torch.from_numpy(np.array(out.astype(jnp.float32)))
+    assert rel_l2(out, expected) < 1e-2, f"seed {seed}"

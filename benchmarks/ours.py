@@ -47,16 +47,18 @@ def sm90_prefill_available() -> bool:
 
 # ------------------------------------------------------------------------------ torch
 def op_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                       *, scale: float, sliding_window=None, sinks=None):  # fmt: skip
+                       *, scale: float, sliding_window=None, k_scale=None, v_scale=None,
+                       sinks=None):  # fmt: skip
     """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
 
-    return torch.ops.xla_gpu.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-        sliding_window, sinks=sinks,
-    )  # fmt: skip
+    args = [query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
+            sliding_window]  # fmt: skip
+    if k_scale is not None or v_scale is not None:  # else the call the host-cost row times
+        args += [None, k_scale, v_scale]  # soft_cap, k_scale, v_scale
+    return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks)
 
 
 def op_simple_add(a, b):

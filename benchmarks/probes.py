@@ -14,6 +14,11 @@ noise), and the fraction of its bytes floor at the read bandwidth measured first
   long     B1 from 4k to 128k keys, and B32 x 64k
   dtypes   the anchor in float16 and float32
   mixed    the benchmark's mixed batch, its decodes alone and its prefills alone
+fp8: our op on an fp8 (e4m3) cache against the same values in a 16-bit cache, on the rows of the
+fp8 targets (causal prefill B1 x 8k and B8 x 2k at D 64, 128, 256; the mixed batch; the decode
+anchor): each pair timed in alternation, twice; ratio = the slower fp8 time / the slower 16-bit
+time (targets: prefill <= 1.1, mixed <= 1.0, decode <= 1/1.8), and the relative L2 error of the
+fp8 output against the 16-bit one.
 sinks: our op with attention sinks against the same call without, on the anchor rows (decode
 B32 x 4k, B1 x 64k; prefill B8 x 2k, B1 x 8k; the mixed batch) and gpt-oss-shaped ones (Hq 64 /
 Hkv 8, D 64, sliding window 128 and full): each pair timed in alternation, twice, with the ratio
@@ -44,6 +49,7 @@ from benchmarks.cases import (
     scale_of,
 )
 from benchmarks.ceilings import measure_ceilings
+from benchmarks.fp8_decode import K_SCALE, V_SCALE, fp8_copy
 from benchmarks.peers import prepare_torch_sdpa_contiguous
 from benchmarks.runners import BenchEnv, NotApplicable
 from benchmarks.timing import time_torch
@@ -226,6 +232,36 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
     return 1 if inaccurate else 0
 
 
+# ------------------------------------------------------------------------------ fp8
+def fp8_rows() -> list[tuple[Case, float]]:
+    """(case, the fp8 / 16-bit time target)."""
+    prefills = [prefill_case(b, n, d) for d in (64, 128, 256) for b, n in ((1, 8192), (8, 2048))]
+    return [*((c, 1.1) for c in prefills), (mixed_case(), 1.0),
+            (decode_case(32, 4096, (32, 8)), 1 / 1.8)]  # fmt: skip
+
+
+def probe_fp8() -> None:
+    import torch
+
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
+    print(f"{'case':48s} {'16-bit µs':>9s} {'fp8 µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+          "target  rel L2", flush=True)  # fmt: skip
+    for case, target in fp8_rows():
+        pairs = [fp8_copy(c) for c in _copies(case)]
+        scale = scale_of(case)
+        wide = [functools.partial(ours.op_paged_attention, *(w[n] for n in OPERANDS), scale=scale)
+                for _, w in pairs]  # fmt: skip
+        fp8 = [functools.partial(ours.op_paged_attention, *(f[n] for n in OPERANDS), scale=scale,
+                                 k_scale=K_SCALE, v_scale=V_SCALE) for f, _ in pairs]  # fmt: skip
+        times = [_us(calls) for calls in (wide, fp8, wide, fp8)]
+        ratio = max(times[1], times[3]) / max(times[0], times[2])
+        error = rel_l2(fp8[0]().float(), wide[0]().float())
+        print(f"{case.name:48s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+              f"{ratio:.3f}  {target:.3f}  {error:.1e}", flush=True)  # fmt: skip
+        del pairs, wide, fp8
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------ sinks
 def sinks_rows() -> list[tuple[Case, int | None]]:
     """(case, sliding window): the anchor rows and gpt-oss's shapes (Hq 64 / Hkv 8, D 64)."""
@@ -274,6 +310,7 @@ def main(argv: list[str]) -> int:
     decode = sub.add_parser("decode", help="decode shapes and groups")
     decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")
     sub.add_parser("sinks", help="the cost of attention sinks on the anchor and gpt-oss rows")
+    sub.add_parser("fp8", help="an fp8 cache against a 16-bit one: prefill, mixed, decode")
     prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
     prefill.add_argument("--cases", default="", help="keep the cases whose name contains this")
     prefill.add_argument("--ours-only", action="store_true", help="our op alone, its own choice")
@@ -283,5 +320,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.probe == "sinks":
         probe_sinks()
+        return 0
+    if args.probe == "fp8":
+        probe_fp8()
         return 0
     return probe_prefill(args.cases, args.ours_only)

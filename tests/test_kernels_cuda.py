@@ -938,6 +938,36 @@ def test_sinks_with_an_fp8_cache(kind, head_dim):
                             scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
 
 
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("corruption", ["page_out_of_range", "context_too_long"])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_sinks_bad_sequence_gets_nan_rows(kind, corruption, cache):
+    """Bad metadata with sinks (and an fp8 cache): the bad sequence's rows are NaN, the sink does
+    not turn them into numbers, the other rows stay right; on Hopper through both prefill
+    kernels."""
+    seed = fresh_seed()
+    specs = (
+        ((2, 40), (1, 17), (3, 3), (1, 64)) if kind == "decode" else ((20, 40), (9, 17), (30, 64))
+    )
+    inputs = make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2,
+                               sinks=True)  # fmt: skip
+    scales = {}
+    if cache == "fp8":
+        inputs, scales = with_fp8_cache(inputs), FP8_SCALES
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64,
+                                         **scales)  # fmt: skip
+    bad = 1
+    if corruption == "page_out_of_range":
+        inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
+    else:
+        inputs["context_lens"][bad] = inputs["block_tables"].shape[1] * 16 + 1
+    both = kind == "prefill" and cache == "bf16" and _is_hopper()
+    for kernel in (1, 0) if both else (-1,):
+        with _prefill_kernel(kernel):
+            out = run_cuda(inputs, scale=0.2, **scales)
+        _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
+
+
 @pytest.mark.parametrize("kind", ["decode", "decode_split", "prefill", "mixed"])
 def test_sinks_at_their_limits(kind):
     """A sink far above every logit takes the whole softmax (output ~0); a sink of -inf takes

@@ -74,12 +74,14 @@ ENTRY %main (p0: f32[2,3]) -> f32[2,3] {
   %cc = (f32[2,3]{1,0}, f32[7]{0}) custom-call(f32[2,3]{1,0} %p0, s32[1]{0} %c), custom_call_target="t1", api_version=API_VERSION_TYPED_FFI, backend_config={a = 1 : i64}
   ROOT cc2 = f32[2,3]{1,0} custom-call(p0, /*index=1*/c), custom_call_target="t2", api_version=API_VERSION_STATUS_RETURNING, backend_config="\\000x"
   %x = f32[2] custom-call(p0), custom_call_target="t3", operand_layout_constraints={f32[2,3]{1,0}}
+  %y = bf16[2] custom-call(f8e4m3fn[2,16,4,64]{3,2,1,0} %kv, pred[] %p), custom_call_target="t4"
 }"""
     calls = hlo.custom_calls_in_hlo(text)
     assert calls == [
         hlo.CustomCall("t1", 4, ("f32[2,3]", "s32[1]"), ("f32[2,3]", "f32[7]")),
         hlo.CustomCall("t2", 2, ("f32[2,3]", "s32[1]"), ("f32[2,3]",)),
         hlo.CustomCall("t3", 1, ("f32[2,3]",), ("f32[2]",)),
+        hlo.CustomCall("t4", 1, ("f8e4m3fn[2,16,4,64]", "pred[]"), ("bf16[2]",)),
     ]
     assert "t1" in hlo.format_table(calls)
 

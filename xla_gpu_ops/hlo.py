@@ -49,7 +49,7 @@ class CustomCall:
 
 
 # ---------------------------------------------------------------------------- parsing
-_HLO_SHAPE = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+_HLO_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")  # f32, bf16, f8e4m3fn, pred
 _HLO_INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+[\w-]+\("
 )

@@ -4,7 +4,9 @@
 
 Cases, per GPU (N GPUs hold N times the heads, so each GPU does the one-GPU work):
 - decode: B 32, context 4096, Hq 32, Hkv 8, D 128, page 16, bf16 (the single-GPU anchor);
-- mixed: 4 prefills of 512-2k tokens + 60 decodes over 1k-8k contexts (seeded), same heads.
+- mixed: 4 prefills of 512-2k tokens + 60 decodes over 1k-8k contexts (seeded), same heads;
+- the decode with attention sinks (float32 [Hq], split with the query heads), the decode on an
+  fp8 (e4m3) cache with k_scale / v_scale, and the mixed batch with both.
 
 For every device count N that `jax.devices()` offers (of 1, 2, 4, 8, or --devices):
 - `xla_gpu_ops.sharding.paged_attention` (jax.shard_map, heads on mesh axis "heads") and
@@ -49,6 +51,7 @@ from benchmarks.environment import ROOT, git_commit, package_version
 
 SCALING_TARGET = 0.9  # throughput on N GPUs >= 0.9 x N x one GPU
 EQUAL_REL_L2 = {"bfloat16": 1e-2, "float32": 1e-5}  # vs the one-GPU call (the project's tolerances)
+FP8_SCALES = {"k_scale": 0.5, "v_scale": 0.25}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class Case:
     head_dim: int
     page_size: int
     dtype: str
+    sinks: bool = False  # a sinks operand, float32 [Hq]
+    kv_dtype: str | None = None  # "float8_e4m3fn": an fp8 cache (with FP8_SCALES); None: dtype
+
+    def attrs(self) -> dict:
+        return {"scale": self.head_dim**-0.5, **(FP8_SCALES if self.kv_dtype else {})}
 
 
 def mixed_seqs(seed: int = 1234, scale: float = 1.0) -> tuple[tuple[int, int], ...]:
@@ -73,14 +81,23 @@ def mixed_seqs(seed: int = 1234, scale: float = 1.0) -> tuple[tuple[int, int], .
     return tuple((max(1, int(q * scale)), max(1, int(c * scale))) for q, c in seqs)
 
 
+FP8 = "float8_e4m3fn"
 GPU_CASES = (
     Case("decode_B32_ctx4k_h32-8_d128_p16", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16"),
     Case("mixed_4prefill_60decode_h32-8_d128_p16", mixed_seqs(), 32, 8, 128, 16, "bfloat16"),
-)
+    Case("decode_B32_ctx4k_h32-8_d128_p16-sinks", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16",
+         sinks=True),
+    Case("decode_B32_ctx4k_h32-8_d128_p16-fp8", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16",
+         kv_dtype=FP8),
+    Case("mixed_4prefill_60decode_h32-8_d128_p16-fp8-sinks", mixed_seqs(), 32, 8, 128, 16,
+         "bfloat16", sinks=True, kv_dtype=FP8),
+)  # fmt: skip
 SMOKE_CASES = (
     Case("smoke_decode_B4_ctx64_h4-2_d64_p16", ((1, 64),) * 4, 4, 2, 64, 16, "float32"),
     Case("smoke_mixed_h4-2_d64_p16", mixed_seqs(scale=1 / 64)[:12], 4, 2, 64, 16, "float32"),
-)
+    Case("smoke_mixed_h4-2_d64_p16-fp8-sinks", mixed_seqs(scale=1 / 64)[:12], 4, 2, 64, 16,
+         "float32", sinks=True, kv_dtype=FP8),
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- environment
@@ -152,7 +169,8 @@ def make_metadata(case: Case, seed: int) -> dict:
 
 def make_inputs(jax, case: Case, num_devices: int, mesh, seed: int) -> list:
     """The operands for N devices' worth of heads, placed as the sharded call wants them; query
-    and kv_cache are drawn on the devices (no host copy of the cache)."""
+    and kv_cache (an fp8 one drawn in dtype, then cast) and sinks are drawn on the devices (no
+    host copy of the cache). The sinks operand, where the case has one, comes last."""
     import jax.numpy as jnp
 
     from xla_gpu_ops import sharding
@@ -162,28 +180,28 @@ def make_inputs(jax, case: Case, num_devices: int, mesh, seed: int) -> list:
     shapes = {
         "query": (meta["num_tokens"], hq, case.head_dim),
         "kv_cache": (meta["num_pages"], case.page_size, 2 * hkv, case.head_dim),
+        "sinks": (hq,),
     }
-    # the required operands (sinks, optional, is left out here)
-    shardings = dict(zip(("query", "kv_cache", "context_lens", "block_tables", "query_start_loc",
-                          "num_seqs"), sharding.input_shardings(mesh)[:6], strict=True))  # fmt: skip
+    dtypes = {"kv_cache": case.kv_dtype or case.dtype, "sinks": "float32"}
+    names = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
+    names += ("sinks",) if case.sinks else ()
+    shardings = dict(zip(names, sharding.input_shardings(mesh), strict=False))
     key = jax.random.key(seed)
     arrays = []
     for i, name in enumerate(shardings):
         if name in shapes:
-            draw = jax.jit(
-                functools.partial(
-                    jax.random.normal, shape=shapes[name], dtype=jnp.dtype(case.dtype)
-                ),
-                out_shardings=shardings[name],
-            )
-            arrays.append(draw(jax.random.fold_in(key, i)))
+            draw = functools.partial(jax.random.normal, shape=shapes[name],
+                                     dtype=jnp.dtype(case.dtype))  # fmt: skip
+            cast = jnp.dtype(dtypes.get(name, case.dtype))
+            arrays.append(jax.jit(lambda k, draw=draw, cast=cast: draw(k).astype(cast),
+                                  out_shardings=shardings[name])(jax.random.fold_in(key, i)))  # fmt: skip
         else:
             arrays.append(jax.device_put(meta[name], shardings[name]))
     return arrays
 
 
 def kv_bytes_read(case: Case, num_devices: int) -> int:
-    itemsize = 2 if case.dtype == "bfloat16" else 4
+    itemsize = 1 if case.kv_dtype == FP8 else 2 if case.dtype == "bfloat16" else 4
     tokens = sum(c for _, c in case.seqs)
     return tokens * 2 * case.num_kv_heads * num_devices * case.head_dim * itemsize
 
@@ -272,7 +290,7 @@ def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed
 
     devices = jax.devices()[:num_devices]
     mesh = Mesh(np.array(devices), ("heads",))
-    scale = case.head_dim**-0.5
+    attrs = case.attrs()
     args = make_inputs(jax, case, num_devices, mesh, seed)
     row: dict = {
         "case": case.name,
@@ -286,12 +304,12 @@ def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed
 
     # The one-GPU call on all the heads: the reference output (and strong-scaling time).
     one = [jax.device_put(a, devices[0]) for a in args]
-    one_gpu = functools.partial(xgo_jax.paged_attention, scale=scale)
+    one_gpu = with_sinks(functools.partial(xgo_jax.paged_attention, **attrs))
     expected = jax.jit(one_gpu)(*one)
 
     variants = {
-        "shard_map": lambda *a: sharding.paged_attention(*a, mesh=mesh, scale=scale),
-        "partitioned": lambda *a: sharding.partitioned_paged_attention(*a, scale=scale),
+        "shard_map": with_sinks(functools.partial(sharding.paged_attention, mesh=mesh, **attrs)),
+        "partitioned": with_sinks(functools.partial(sharding.partitioned_paged_attention, **attrs)),
     }
     for name, fn in variants.items():
         try:
@@ -307,7 +325,7 @@ def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed
                 "timing": time_per_call(jax, fn, args, calls, samples),
             }
             if name == "shard_map":
-                row["torchax"] = torchax_check(jax, case, mesh, scale, args, out)
+                row["torchax"] = torchax_check(jax, mesh, attrs, args, out)
         except Exception as error:
             row[name] = {"error": f"{type(error).__name__}: {error}"[:2000],
                          "trace": traceback.format_exc()[-3000:]}  # fmt: skip
@@ -322,7 +340,16 @@ def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed
     return row
 
 
-def torchax_check(jax, case: Case, mesh, scale: float, args, jax_out) -> dict:
+def with_sinks(call):
+    """call(*operands): the required six positionally, a seventh (sinks) by keyword."""
+
+    def split(*operands):
+        return call(*operands[:6], **({"sinks": operands[6]} if len(operands) > 6 else {}))
+
+    return split
+
+
+def torchax_check(jax, mesh, attrs: dict, args, jax_out) -> dict:
     """The torchax route on the same sharded inputs: eager torchax tensors in, the same output."""
     try:
         import torchax
@@ -333,7 +360,8 @@ def torchax_check(jax, case: Case, mesh, scale: float, args, jax_out) -> dict:
 
         with torchax.default_env():
             tensors = [torchax.interop.torch_view(a) for a in args]
-            out = sharding.torchax_paged_attention(*tensors, mesh=mesh, scale=scale)
+            out = with_sinks(functools.partial(sharding.torchax_paged_attention, mesh=mesh,
+                                               **attrs))(*tensors)  # fmt: skip
             out = out.jax()
         return {**compare(jax, out, jax_out), "out_devices": len(out.sharding.device_set)}
     except Exception as error:

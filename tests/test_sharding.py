@@ -891,7 +891,7 @@ def test_multi_gpu_benchmark_smoke_on_host_devices(tmp_path):
     assert result["env"]["env"]["NCCL_NVLS_ENABLE"] == "0"
     rows = {(r["case"], r["devices"]): r for r in result["rows"]}
     assert {n for _, n in rows} == {1, 2, 4}
-    assert len(rows) == 2 * 3, sorted(rows)
+    assert len(rows) == 3 * 3, sorted(rows)  # decode, mixed, mixed with fp8 and sinks
     for (case, n), row in rows.items():
         assert "error" not in row, (case, n, row.get("error"))
         assert row["kv_heads"] == 2 * n

@@ -109,21 +109,26 @@ def shard_map_call(
 ):
     """`xla_gpu_ops.jax.call(op, ...)` run under `jax.shard_map` with heads split on `axis`."""
     op = ops.get(op)
-    operands = _jax_ffi.present(op.complete(operands))
-    _check_mesh(op, operands, mesh, axis)
+    operands = op.complete(operands)
+    _check_mesh(op, _jax_ffi.present(operands), mesh, axis)
     outs = output_specs(op, axis)
     attrs = dict(attrs)
+    # An optional operand left out stays out of the map: each shard's call makes its own empty
+    # stand-in. Mapped, the empty array would be split over the devices, which crashed the process
+    # on two GPUs (jax 0.11.2).
+    given = [x is not None for x in operands]
 
     def local(*shards):
-        return _jax_ffi.call(op, shards, attrs, abi)
+        it = iter(shards)
+        return _jax_ffi.call(op, [next(it) if g else None for g in given], attrs, abi)
 
     mapped = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=tuple(input_specs(op, axis)),
+        in_specs=tuple(spec for spec, g in zip(input_specs(op, axis), given, strict=True) if g),
         out_specs=outs[0] if op.returned == 1 else tuple(outs),
     )
-    return mapped(*operands)
+    return mapped(*[x for x in operands if x is not None])
 
 
 def paged_attention(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs):

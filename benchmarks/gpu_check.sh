@@ -55,7 +55,7 @@ NOT_GPU=(--ignore=tests/test_bench_smoke.py --ignore=tests/test_container_lint.p
 SANITIZED="dtypes_head_dims or bad_sequence or bad_num_seqs or empty_sequences or simple_add_matches"
 SANITIZED+=" or short_sequences_window or bad_short_sequence or (large_prefill_batch and 2000)"
 SANITIZED+=" or (sm90_and_mma_prefill_kernels_agree and 128) or whole_page_reads"
-SANITIZED+=" or (fp8_cache_dtypes_head_dims and bfloat16) or fp8_cache_bad_sequence"
+SANITIZED+=" or (fp8_cache_dtypes_head_dims and bfloat16) or bad_sequence_with_fp8_or_sinks"
 SANITIZED+=" or split_parts_weigh"  # every writer of KV split parts, and both merges
 SANITIZED+=" or persistent_blocks_poison"  # poisoned items among persistent sm_90a items
 SANITIZED+=" or (head_dim_256_tiles and 12-4) or head_dim_256_bad_page"  # 32-key D = 256 decode tiles

@@ -790,27 +790,6 @@ def test_split_parts_weigh_keys_not_parts_at_huge_logits(batch, dtype, head_dim,
         check_against_reference(inputs, compute, seed, scale=default_scale(head_dim), **scales)
 
 
-@pytest.mark.parametrize("corruption", ["page_out_of_range", "context_too_long"])
-@pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_fp8_cache_bad_sequence_gets_nan_rows(corruption, kind):
-    """The self-checking decode tiles and the prep kernel before 64-row tiles guard fp8 too."""
-    seed = fresh_seed()
-    specs = (
-        ((2, 40), (1, 17), (3, 3), (1, 64)) if kind == "decode" else ((20, 40), (9, 17), (30, 64))
-    )
-    inputs = with_fp8_cache(make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed,
-                                              pad_tokens=2))  # fmt: skip
-    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64,
-                                         **FP8_SCALES)  # fmt: skip
-    bad = 1
-    if corruption == "page_out_of_range":
-        inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
-    else:
-        inputs["context_lens"][bad] = inputs["block_tables"].shape[1] * 16 + 1
-    out = run_cuda(inputs, scale=0.2, **FP8_SCALES)
-    _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
@@ -938,19 +917,20 @@ def test_sinks_with_an_fp8_cache(kind, head_dim):
                             scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
 
 
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize(("sinks", "cache"), [(False, "fp8"), (True, "bf16"), (True, "fp8")])
 @pytest.mark.parametrize("corruption", ["page_out_of_range", "context_too_long"])
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
-def test_sinks_bad_sequence_gets_nan_rows(kind, corruption, cache):
-    """Bad metadata with sinks (and an fp8 cache): the bad sequence's rows are NaN, the sink does
-    not turn them into numbers, the other rows stay right; on Hopper through both prefill
-    kernels."""
+def test_bad_sequence_with_fp8_or_sinks_gets_nan_rows(kind, corruption, sinks, cache):
+    """Bad metadata with an fp8 cache, with sinks, or both: the bad sequence's rows are NaN (a
+    sink does not turn them into numbers), the other rows stay right. The self-checking decode
+    tiles and the prep kernel before 64-row tiles guard fp8 too; a 16-bit cache on Hopper goes
+    through both prefill kernels."""
     seed = fresh_seed()
     specs = (
         ((2, 40), (1, 17), (3, 3), (1, 64)) if kind == "decode" else ((20, 40), (9, 17), (30, 64))
     )
     inputs = make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2,
-                               sinks=True)  # fmt: skip
+                               sinks=sinks)  # fmt: skip
     scales = {}
     if cache == "fp8":
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES

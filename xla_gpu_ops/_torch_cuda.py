@@ -25,7 +25,7 @@ import operator
 import torch
 
 from xla_gpu_ops import _library, ops
-from xla_gpu_ops._torch import dtype_name, torch_dtype
+from xla_gpu_ops._torch import absent_operand, dtype_name, torch_dtype
 
 # Static keys kept per op: a serving loop pads to a few shapes, a ragged eager caller may not; past
 # this many the cache starts over (a miss costs one describe, tens of microseconds).
@@ -144,9 +144,7 @@ def make_kernel(op: ops.Op, functional: bool = False):
                 if t is None:
                     t = absent.get(device)
                     if t is None:
-                        t = absent[device] = torch.empty(
-                            0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device
-                        )
+                        t = absent[device] = absent_operand(device)
                 extra.append(t)
             tensors = (*tensors, *extra)
         # One pass over the operands for the common case; anything else takes `checked`.

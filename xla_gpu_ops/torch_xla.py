@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from xla_gpu_ops import _library, _pjrt_plugin, _torch_xla_version, ops, reference
-from xla_gpu_ops._torch import dtype_name, torch_dtype
+from xla_gpu_ops._torch import absent_operand, dtype_name, torch_dtype
 
 # Part of this module's interface: the installed release decides the ABI (custom_call_abi).
 from xla_gpu_ops._torch_xla_version import torch_xla_version as torch_xla_version
@@ -176,7 +176,7 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
     device = operands[0].device
     for i, operand in enumerate(op.operands):
         if operands[i] is None:  # an optional operand left out: the library reads [0] as absent
-            operands[i] = torch.empty(0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device)
+            operands[i] = absent_operand(device)
         # e.g. num_seqs may come from the host (vLLM keeps it there)
         if operand.host_ok and operands[i].device.type == "cpu":
             operands[i] = operands[i].to(device)

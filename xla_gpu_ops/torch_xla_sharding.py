@@ -28,7 +28,7 @@ import torch
 
 import xla_gpu_ops._torch_library  # noqa: F401  (defines torch.ops.xla_gpu.*)
 from xla_gpu_ops import head_sharding, ops
-from xla_gpu_ops._torch import torch_dtype
+from xla_gpu_ops._torch import absent_operand
 from xla_gpu_ops.head_sharding import DEFAULT_AXIS
 
 __all__ = ["DEFAULT_AXIS", "call", "kv_cache_update", "paged_attention", "partition_specs"]
@@ -87,7 +87,7 @@ def call(
     device = operands[0].device
     for i, operand in enumerate(op.operands):
         if operands[i] is None:  # an optional operand left out: [0], which the library ignores
-            operands[i] = torch.empty(0, dtype=torch_dtype(ops.ABSENT_DTYPE), device=device)
+            operands[i] = absent_operand(device)
         # e.g. num_seqs may live on the host: it has to be an XLA tensor to be marked
         if operand.host_ok and operands[i].device.type == "cpu":
             operands[i] = operands[i].to(device)

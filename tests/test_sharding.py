@@ -232,7 +232,7 @@ def test_jax_mesh_of_one_device_is_the_plain_call():
 
 # ------------------------------------------------------------------------------- 4 devices: JAX
 JAX_SCRIPT = r"""
-import functools, json, sys
+import functools, json, re, sys
 sys.path.insert(0, TESTS_DIR)
 import jax, jax.numpy as jnp, numpy as np, torch
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -286,6 +286,11 @@ def compare(out, expected):
             "spec": [str(e) for e in out.sharding.spec], "shape": list(out.shape)}
 
 
+def map_operand_count(lowered_text):  # operands entering the shard_map (sdy.manual_computation)
+    match = re.search(r"sdy\.manual_computation\(([^)]*)\)", lowered_text)
+    return len(match[1].split(",")) if match else None
+
+
 def run_case(case, mesh, axis="heads", variants=("shard_map", "partitioned")):
     inputs, arrays, attrs = make(case, SEED)
     expected = host(jax.jit(functools.partial(xgo_jax.paged_attention, **attrs))(*arrays))
@@ -303,7 +308,10 @@ def run_case(case, mesh, axis="heads", variants=("shard_map", "partitioned")):
         else:  # the unwrapped ffi call under plain jit, inputs sharded the same way
             fn = jax.jit(functools.partial(xgo_jax.paged_attention, **attrs))
         out[variant] = {**compare(fn(*placed), expected), **compiled_facts(fn, placed)}
+        if variant == "shard_map":
+            out[variant]["map_operands"] = map_operand_count(fn.lower(*placed).as_text())
     out["kv_shape"] = list(arrays[1].shape)
+    out["given_operands"] = len(REQUIRED) + ("sinks" in attrs)
     return out
 
 
@@ -485,6 +493,10 @@ def test_jax_sharded_equals_unsharded_without_collectives(jax_results, case, var
     assert len(got["calls"]) == 1, got["calls"]
     local = local_kv_shape(entry["kv_shape"], NUM_DEVICES)
     assert dims(got["calls"][0][1]) == local, (got["calls"], entry["kv_shape"])
+    if variant == "shard_map":
+        # Only the operands the caller gave enter the map: an absent operand's empty stand-in,
+        # split or hoisted into the map, crashed XLA's GPU compiler on two GPUs.
+        assert got["map_operands"] == entry["given_operands"], (got, entry["given_operands"])
 
 
 @pytest.mark.jax

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -114,13 +115,16 @@ def shard_map_call(
     outs = output_specs(op, axis)
     attrs = dict(attrs)
     # An optional operand left out stays out of the map: each shard's call makes its own empty
-    # stand-in. Mapped, the empty array would be split over the devices, which crashed the process
-    # on two GPUs (jax 0.11.2).
+    # stand-in, computed inside the body. An empty array entering the map (split, or a constant
+    # that jax hoists into the map's operands) crashed XLA's GPU compiler on two GPUs (jax 0.11.2);
+    # so does an eager map, which runs the stand-in as a program of its own: the map is jitted.
     given = [x is not None for x in operands]
 
     def local(*shards):
         it = iter(shards)
-        return _jax_ffi.call(op, [next(it) if g else None for g in given], attrs, abi)
+        return _jax_ffi.call(
+            op, [next(it) if g else jnp.zeros((0,), ops.ABSENT_DTYPE) for g in given], attrs, abi
+        )
 
     mapped = jax.shard_map(
         local,
@@ -128,7 +132,7 @@ def shard_map_call(
         in_specs=tuple(spec for spec, g in zip(input_specs(op, axis), given, strict=True) if g),
         out_specs=outs[0] if op.returned == 1 else tuple(outs),
     )
-    return mapped(*[x for x in operands if x is not None])
+    return jax.jit(mapped)(*[x for x in operands if x is not None])
 
 
 def paged_attention(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs):

@@ -594,35 +594,44 @@ def test_prefill_window_soft_cap_and_scale(head_dim, sliding_window, soft_cap, s
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_sm90_and_mma_prefill_kernels_agree(head_dim):
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_sm90_and_mma_prefill_kernels_agree(head_dim, cache):
     """The same inputs through both prefill kernels: each matches the reference, and they agree
-    with each other to the rounding of 16-bit P (D = 256: against the 64-row mma.sync kernel)."""
+    with each other to the rounding of 16-bit P (D = 256 and fp8 caches: against the 64-row
+    mma.sync kernel)."""
     assert _sm90_prefill_available(), "no sm_90a code in this library"
     seed = fresh_seed()
     specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
     inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2)
+    scales = {}
+    if cache == "fp8":
+        inputs, scales = with_fp8_cache(inputs), FP8_SCALES
     scale = default_scale(head_dim)
     with _prefill_kernel(1):
-        new = check_against_reference(inputs, torch.bfloat16, seed, scale=scale)
+        new = check_against_reference(inputs, torch.bfloat16, seed, scale=scale, **scales)
     with _prefill_kernel(0):
-        old = check_against_reference(inputs, torch.bfloat16, seed, scale=scale)
+        old = check_against_reference(inputs, torch.bfloat16, seed, scale=scale, **scales)
     assert rel_l2(new, old) < 1e-2, f"seed {seed}"
     assert not torch.equal(new, old), "both runs took the same kernel"
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("bad", [0, 3])
-def test_prefill_persistent_blocks_poison_one_sequence(head_dim, bad):
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_prefill_persistent_blocks_poison_one_sequence(head_dim, bad, cache):
     """Enough 128-row tiles (~470) that on Hopper the sm_90a launch is persistent (one block per
     SM, each taking further tiles from a counter): a sequence with a page out of range gets NaN
     rows, and the tiles a block takes after it (and before) stay correct."""
     seed = fresh_seed()
     specs = ((400, 700), (300, 300), (129, 1000), (500, 520), (1, 64), (480, 480))
     inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=3)
-    expected = reference.paged_attention(**inputs, scale=default_scale(head_dim),
+    scales = {}
+    if cache == "fp8":
+        inputs, scales = with_fp8_cache(inputs), FP8_SCALES
+    expected = reference.paged_attention(**inputs, scale=default_scale(head_dim), **scales,
                                          compute_dtype=torch.float64)  # fmt: skip
     inputs["block_tables"][bad, 2] = inputs["kv_cache"].shape[0]
-    out = run_cuda(inputs, scale=default_scale(head_dim))
+    out = run_cuda(inputs, scale=default_scale(head_dim), **scales)
     _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
 
 
@@ -640,18 +649,22 @@ def _poison_unused_slots(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("page_size", [8, 16, 32, 64, 128])
-def test_prefill_whole_page_reads_skip_poisoned_slots(head_dim, page_size):
+@pytest.mark.parametrize("page_size", [5, 8, 16, 32, 64, 128])
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_prefill_whole_page_reads_skip_poisoned_slots(head_dim, page_size, cache):
     """On Hopper the sm_90a kernel reads K/V pages whole (TMA boxes of a page, or of a tile of a
-    larger page) where the page size is a multiple of 8 that divides or is divided by the tile,
-    and gathers key by key (zero-filling) only the tiles that reach past the block's last key.
-    NaN in the slots past each context and in unused pages must not reach the output."""
+    larger page; fp8 caches into a staging buffer) where the page size is a multiple of 8 that
+    divides or is divided by the tile, and gathers key by key (zero-filling) the tiles that reach
+    past the block's last key and every tile of other page sizes (5). NaN in the slots past each
+    context and in unused pages must not reach the output."""
     seed = fresh_seed()
     specs = ((300, 1000), (129, 129), (1, 77), (64, 200), (250, 250))
     inputs = make_paged_inputs(specs, 32, 8, head_dim, page_size, torch.bfloat16, seed,
                                pad_tokens=2)  # fmt: skip
-    check_against_reference(_poison_unused_slots(inputs), torch.bfloat16, seed,
-                            scale=default_scale(head_dim))  # fmt: skip
+    inputs, scales = _poison_unused_slots(inputs), {}
+    if cache == "fp8":
+        inputs, scales = with_fp8_cache(inputs), FP8_SCALES
+    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim), **scales)
 
 
 # ---------------------------------------------------------------------------- fp8 KV cache
@@ -718,6 +731,40 @@ def test_fp8_cache_page_sizes_and_gqa(page_size, num_q_heads, num_kv_heads):
                             scale=default_scale(128), **FP8_SCALES)  # fmt: skip
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads"),
+    [(32, 8), (12, 4), (64, 4)],  # 16 / 42 (126 rows) / 8 tokens per 128-row tile
+)
+def test_fp8_cache_prefill_tile_edges_and_gqa(head_dim, num_q_heads, num_kv_heads):
+    """Prefill tiles on an fp8 cache (the sm_90a kernel on Hopper): tile and page edges."""
+    seed = fresh_seed()
+    inputs = make_paged_inputs(TILE_EDGE_SPECS, num_q_heads, num_kv_heads, head_dim, 16,
+                               torch.bfloat16, seed, pad_tokens=5, extra_seqs=1)  # fmt: skip
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
+                            scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "num_q_heads", "num_kv_heads", "long_context"),
+    [
+        (torch.bfloat16, 128, 32, 8, 17_000),
+        (torch.float16, 64, 64, 4, 17_000),
+        (torch.bfloat16, 64, 32, 8, 2000),
+    ],
+)
+def test_fp8_cache_short_sequences_of_a_large_prefill_batch(
+    dtype, head_dim, num_q_heads, num_kv_heads, long_context
+):
+    """On Hopper an fp8 cache's mixed batch runs its short sequences as decode blocks beside the
+    sm_90a kernel's prefill tiles (elsewhere all of them as 64-row tiles)."""
+    seed = fresh_seed()
+    inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context,
+                                  pad_tokens=3, extra_seqs=5)  # fmt: skip
+    check_against_reference(with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim),
+                            **FP8_SCALES)  # fmt: skip
+
+
 @pytest.mark.parametrize("specs", [((1, 20_000), (1, 4_097), (3, 9_000)), ((700, 3000), (1, 5000))])
 def test_fp8_cache_long_context_split_kv(specs):
     """KV splits and their merge, on decode tiles and on 64-row tiles."""
@@ -766,7 +813,8 @@ def _tie_keys_at_huge_logits(inputs: dict[str, torch.Tensor], seed: int) -> None
         ("prefill", torch.bfloat16, 128, 0),  # the mma.sync prefill kernel
         ("prefill", torch.bfloat16, 256, -1),  # the sm_90a kernel on Hopper, else 64-row tiles
         ("prefill", torch.bfloat16, 256, 0),  # 64-row tiles
-        ("prefill", FP8, 128, -1),  # 64-row tiles on an fp8 cache
+        ("prefill", FP8, 128, -1),  # the sm_90a kernel on Hopper, else 64-row tiles
+        ("prefill", FP8, 128, 0),  # 64-row tiles on an fp8 cache
         ("short", torch.bfloat16, 128, -1),  # the short region's split parts and their merge
     ],
 )

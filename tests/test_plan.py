@@ -70,8 +70,22 @@ CASES = [
     ("prefill_d64", dict(num_tokens=8192, max_num_seqs=2, head_dim=64), [PM, PM, PM, PS, PM, PS]),
     # 64-row tiles off Hopper
     ("prefill_d256", dict(num_tokens=8192, max_num_seqs=2, head_dim=256), [RM, RM, RM, PS, RM, PS]),
-    # Only the mma.sync tile kernels read an fp8 cache.
-    ("prefill_fp8", dict(num_tokens=8192, max_num_seqs=2, kv_dtype="float8_e4m3fn"), [RM] * 6),
+    # An fp8 cache: 64-row tiles off Hopper, the sm_90a kernel on it (also with a short region).
+    (
+        "prefill_fp8",
+        dict(num_tokens=8192, max_num_seqs=2, kv_dtype="float8_e4m3fn"),
+        [RM, RM, RM, PS, RM, PS],
+    ),
+    (
+        "prefill_fp8_d256",
+        dict(num_tokens=8192, max_num_seqs=2, head_dim=256, kv_dtype="float8_e4m3fn"),
+        [RM, RM, RM, PS, RM, PS],
+    ),
+    (
+        "mixed_fp8",
+        dict(num_tokens=54 * 64, max_num_seqs=64, kv_dtype="float8_e4m3fn"),
+        [RM, RM, RM, PS, RM, PS],
+    ),
     # A short region: mma.sync unless mostly prefill (256 tokens per sequence slot) or forced.
     ("mixed", dict(num_tokens=54 * 64, max_num_seqs=64), [PM, PM, PM, PM, PM, PS]),
     ("below_mostly_prefill", dict(num_tokens=255 * 64, max_num_seqs=64), [PM, PM, PM, PM, PM, PS]),

@@ -222,7 +222,7 @@ int32_t LaunchAttention(Kernel kernel, size_t smem_bytes, const PagedAttentionPl
 }
 
 // Runtime head_dim -> compile-time kernel, for the path the plan chose. KV: the cache's element
-// type (T, or fp8: decode and 64-row tiles at every head_dim).
+// type (T, or fp8: decode tiles, 64-row tiles and the sm_90a kernel at every head_dim).
 template <typename T, typename KV>
 int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
@@ -231,6 +231,9 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
   return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                                  \
                          MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream,           \
                          /*programmatic=*/RW == 1)
+  if (plan.path == AttentionPath::kPrefillSm90) {
+    return LaunchPrefillSm90<T, KV>(plan, params, stream);
+  }
   if constexpr (IsFp8<KV>) {
     switch (params.head_dim) {
       case 64:
@@ -245,7 +248,6 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
     }
   } else {
     if (plan.path == AttentionPath::kPrefillMma) return LaunchPrefillMma<T>(plan, params, stream);
-    if (plan.path == AttentionPath::kPrefillSm90) return LaunchPrefillSm90<T>(plan, params, stream);
     switch (params.head_dim) {
       case 64:
         XGO_LAUNCH_MMA(64, 1);

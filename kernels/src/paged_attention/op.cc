@@ -170,8 +170,11 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   if (c.num_q_heads > INT32_MAX / c.head_dim) {
     return Invalid("query", "num_q_heads * head_dim is too large", c.num_q_heads * c.head_dim);
   }
-  // Planned without the device: the workspace and the grid limits do not depend on it.
-  const PagedAttentionPlan plan = MakePagedAttentionPlan(c);
+  // Planned without the device: the workspace does not depend on it, and the grid limits are
+  // checked as on a device that runs the sm_90a kernel (an fp8 plan's short region runs there).
+  PlanDevice any_device;
+  any_device.sm90_prefill = true;
+  const PagedAttentionPlan plan = MakePagedAttentionPlan(c, any_device);
   XGO_RETURN_IF_FAILED(CheckKernelLimits(c, plan));
 
   results->results[0] = ToXgoShape(query);

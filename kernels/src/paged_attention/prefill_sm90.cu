@@ -85,13 +85,16 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }
 
 // The sm_90a kernel's K/V tensor map (Sm90KvTensorMap): boxes of one page, or of one tile where
-// pages are larger than a tile. Left with box_rows 0 (cp.async only) where the page size is not a
-// multiple of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile,
-// the cache is not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the
-// kernel is correct either way.
-template <int kD>
+// pages are larger than a tile. 16-bit caches: 64 columns per box with the 128-byte swizzle the
+// wgmma descriptors read; fp8 caches: a whole row of kD bytes per box, unswizzled, into the staging
+// buffer. Left with box_rows 0 (cp.async only) where the page size is not a multiple of 8 (the
+// swizzle repeats every 8 rows), neither divides nor is divided by the tile, the cache is not
+// 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is correct
+// either way.
+template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
-  constexpr int kN = Sm90PrefillConfig<kD>::kBlockN;
+  constexpr int kN = Sm90PrefillConfig<kD, kFp8>::kBlockN;
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
   Sm90KvTensorMap kv_map{};
   const int page_size = params.page_size;
   const int rows = std::min(page_size, kN);
@@ -107,15 +110,16 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
                               static_cast<cuuint64_t>(2 * params.num_kv_heads),
                               static_cast<cuuint64_t>(slots)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * 2,
-                                 static_cast<cuuint64_t>(2 * params.num_kv_heads) * kD * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)};
+  const cuuint64_t strides[2] = {
+      static_cast<cuuint64_t>(kD) * kElemBytes,
+      static_cast<cuuint64_t>(2 * params.num_kv_heads) * kD * kElemBytes};
+  const cuuint32_t box[3] = {kFp8 ? kD : 64, 1, static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult result =
-      encode(&kv_map.map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(params.kv_cache),
-             dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result = encode(
+      &kv_map.map, kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+      const_cast<void*>(params.kv_cache), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, kFp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   kv_map.box_rows = result == CUDA_SUCCESS ? rows : 0;
   return kv_map;
 }
@@ -155,11 +159,11 @@ Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
   return maps;
 }
 
-template <typename T, int kD>
+template <typename T, typename KV, int kD>
 int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                                 cudaStream_t stream) {
-  using Cfg = Sm90PrefillConfig<kD>;
-  auto kernel = PagedAttentionSm90PrefillKernel<T, kD>;
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
+  auto kernel = PagedAttentionSm90PrefillKernel<T, KV, kD>;
   const size_t smem = Cfg::kLaunchSmemBytes;
   Sm90LaunchInfo info{};
   if (const int32_t status = GetSm90LaunchInfo(reinterpret_cast<const void*>(kernel),
@@ -180,7 +184,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
     return status;
   }
   kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid,
-                                                         MakeSm90KvTensorMap<kD>(params),
+                                                         MakeSm90KvTensorMap<kD, IsFp8<KV>>(params),
                                                          MakeSm90RowTensorMaps<kD>(params));
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
@@ -193,31 +197,38 @@ int32_t Sm90PrefillAvailable(bool* available) {
   Sm90LaunchInfo info{};
   using Cfg = Sm90PrefillConfig<128>;
   const int32_t status = GetSm90LaunchInfo(
-      reinterpret_cast<const void*>(PagedAttentionSm90PrefillKernel<__nv_bfloat16, 128>),
+      reinterpret_cast<const void*>(
+          PagedAttentionSm90PrefillKernel<__nv_bfloat16, __nv_bfloat16, 128>),
       Cfg::kThreads, Cfg::kLaunchSmemBytes, Cfg::kEntryRegs, &info);
   *available = status == XGO_OK && info.has_code;
   return status;
 }
 
-template <typename T>
+template <typename T, typename KV>
 int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                           cudaStream_t stream) {
   switch (params.head_dim) {
     case 64:
-      return LaunchSm90PrefillKernel<T, 64>(plan, params, stream);
+      return LaunchSm90PrefillKernel<T, KV, 64>(plan, params, stream);
     case 128:
-      return LaunchSm90PrefillKernel<T, 128>(plan, params, stream);
+      return LaunchSm90PrefillKernel<T, KV, 128>(plan, params, stream);
     case 256:
-      return LaunchSm90PrefillKernel<T, 256>(plan, params, stream);
+      return LaunchSm90PrefillKernel<T, KV, 256>(plan, params, stream);
   }
   return Fail(XGO_INVALID_ARGUMENT,
               "paged_attention: query: prefill head_dim %d is not 64/128/256", params.head_dim);
 }
 
-template int32_t LaunchPrefillSm90<__half>(const PagedAttentionPlan&, PagedAttentionParams&,
-                                           cudaStream_t);
-template int32_t LaunchPrefillSm90<__nv_bfloat16>(const PagedAttentionPlan&,
-                                                  PagedAttentionParams&, cudaStream_t);
+template int32_t LaunchPrefillSm90<__half, __half>(const PagedAttentionPlan&,
+                                                   PagedAttentionParams&, cudaStream_t);
+template int32_t LaunchPrefillSm90<__nv_bfloat16, __nv_bfloat16>(const PagedAttentionPlan&,
+                                                                 PagedAttentionParams&,
+                                                                 cudaStream_t);
+template int32_t LaunchPrefillSm90<__half, __nv_fp8_e4m3>(const PagedAttentionPlan&,
+                                                          PagedAttentionParams&, cudaStream_t);
+template int32_t LaunchPrefillSm90<__nv_bfloat16, __nv_fp8_e4m3>(const PagedAttentionPlan&,
+                                                                 PagedAttentionParams&,
+                                                                 cudaStream_t);
 
 }  // namespace xgo
 

@@ -40,11 +40,12 @@ int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& 
 
 // The prefill tiles of a kPrefillMma plan (head_dim 64 / 128) on the mma.sync prefill kernel
 // (prefill_mma.cu), and of a kPrefillSm90 plan (head_dim 64 / 128 / 256) on the wgmma kernel
-// (prefill_sm90.cu). T: __half or __nv_bfloat16.
+// (prefill_sm90.cu). T: __half or __nv_bfloat16; KV: the cache's element type (T, or
+// __nv_fp8_e4m3 on the wgmma kernel).
 template <typename T>
 int32_t LaunchPrefillMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                          cudaStream_t stream);
-template <typename T>
+template <typename T, typename KV>
 int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                           cudaStream_t stream);
 

@@ -51,8 +51,8 @@ enum class AttentionPath {
                      // region) -> merges
   kRowsMma = 3,      // f16/bf16, prefill-like, head_dim 256 or an fp8 cache: prep -> 64-row
                      // mma.sync kernel -> merge
-  kPrefillSm90 = 4,  // f16/bf16 (16-bit cache), prefill-like, a Hopper device with sm_90a code:
-                     // prep -> wgmma kernel (+ short region) -> merges
+  kPrefillSm90 = 4,  // f16/bf16 (16-bit or fp8 cache), prefill-like, a Hopper device with sm_90a
+                     // code: prep -> wgmma kernel (+ short region) -> merges
 };
 
 // Which prefill kernel a prefill-like f16/bf16 call may take: the plan's choice, or one kernel
@@ -65,7 +65,7 @@ inline PrefillKernelChoice PrefillKernelChoiceOf(int32_t value) {
 }
 
 // What the plan needs of the device a call runs on (PagedAttention::Launch asks the device).
-// Describe plans with the default: the workspace does not depend on it.
+// Describe plans as for a device with sm_90a code: the workspace does not depend on the device.
 struct PlanDevice {
   bool sm90_prefill = false;  // compute capability 9.x, and this library holds sm_90a code
   PrefillKernelChoice prefill_kernel = PrefillKernelChoice::kAuto;
@@ -74,8 +74,8 @@ struct PlanDevice {
 struct PagedAttentionPlan {
   AttentionPath path;
   bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
-  bool fp8_kv;             // float8_e4m3fn cache: the mma.sync tile kernels only (decode tiles,
-                           // 64-row tiles), which dequantise each K/V tile in shared memory
+  bool fp8_kv;             // float8_e4m3fn cache: decode tiles convert in registers; 64-row
+                           // tiles and the sm_90a kernel convert each K/V tile in shared memory
   int row_warps;           // warps stacked over query rows (tensor-core kernel: 1 or 4)
   int block_rows;          // query rows (token x head pairs) per block
   int heads_per_block;     // q heads of one kv head handled together (divides the group size)
@@ -95,16 +95,17 @@ struct PagedAttentionPlan {
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Prefill tiles of a prefill-like f16/bf16 plan (16-bit cache) go to the sm_90a kernel where the
-// device runs it, unless forced onto mma.sync. Plans with a short region stay on the mma.sync
+// Prefill tiles of a prefill-like f16/bf16 plan go to the sm_90a kernel where the device runs it,
+// unless forced onto mma.sync. With a 16-bit cache, plans with a short region stay on the mma.sync
 // kernel, whose 128-thread blocks share an SM with the short blocks, unless they are mostly
 // prefill (kMostlyPrefillTokens) or forced: on the benchmark's mixed batch (54 tokens per
 // sequence slot) the wgmma kernel with its own short blocks took 560 us against 450 us, on its
 // one-split causal prefills (2048-8192 tokens per slot) 0.71-0.81x the mma.sync time (H100).
+// An fp8 cache always takes the sm_90a kernel there: the mma.sync alternative is the 64-row tiles.
 inline bool UsesSm90Prefill(const PagedAttentionConfig& c, const PagedAttentionPlan& p,
                             const PlanDevice& device) {
   if (p.path != AttentionPath::kPrefillMma && p.path != AttentionPath::kRowsMma) return false;
-  if (p.fp8_kv || !device.sm90_prefill) return false;
+  if (!device.sm90_prefill) return false;
   if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
   switch (device.prefill_kernel) {
     case PrefillKernelChoice::kMmaSync:
@@ -115,7 +116,7 @@ inline bool UsesSm90Prefill(const PagedAttentionConfig& c, const PagedAttentionP
       break;
   }
   const bool mostly_prefill = c.num_tokens >= kMostlyPrefillTokens * c.max_num_seqs;
-  return p.short_splits == 0 || mostly_prefill;
+  return p.fp8_kv || p.short_splits == 0 || mostly_prefill;
 }
 
 // The plan of a call from its static shapes and the device's facts (PlanDevice): the path, the
@@ -175,7 +176,12 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   p.short_tokens = 16 / heads;
   p.short_splits = 0;
   p.short_order_offset = p.short_state_offset = p.short_out_offset = elems;
-  if (p.path == AttentionPath::kPrefillMma && p.num_splits == 1) {
+  // A short region for the kernels that run one: the mma.sync prefill kernel, and the sm_90a
+  // kernel, which an fp8 cache's 64-row plan (head_dim <= 128) may take on the device (below).
+  const bool short_region_kernel =
+      p.path == AttentionPath::kPrefillMma ||
+      (p.path == AttentionPath::kRowsMma && p.fp8_kv && c.head_dim <= 128);
+  if (short_region_kernel && p.num_splits == 1) {
     const int64_t short_blocks = c.max_num_seqs * p.num_head_blocks;
     int64_t short_splits = (kShortTargetBlocks + short_blocks - 1) / short_blocks;
     if (short_splits > by_length) short_splits = by_length;
@@ -195,8 +201,13 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   }
   p.workspace_elems = elems;
   // The same workspace either way: the sm_90a kernel runs the splits and short region planned
-  // for the mma.sync kernels.
-  if (UsesSm90Prefill(c, p, device)) p.path = AttentionPath::kPrefillSm90;
+  // for the mma.sync kernels. The 64-row tiles run the short sequences as tiles of their own: an
+  // fp8 plan that stays there keeps the short region's workspace, unused.
+  if (UsesSm90Prefill(c, p, device)) {
+    p.path = AttentionPath::kPrefillSm90;
+  } else if (p.path == AttentionPath::kRowsMma) {
+    p.short_splits = 0;
+  }
   return p;
 }
 

@@ -18,7 +18,11 @@
 //     per page and 64-column block, Sm90KvTensorMap) where the page size allows, otherwise, and
 //     for the tiles that reach past the block's last key, gathered key by key through the page
 //     table with 16-byte cp.async (cp.async.mbarrier.arrive.noinc); keys past the block's end
-//     and pages outside [0, num_pages) are zero-filled, never read.
+//     and pages outside [0, num_pages) are zero-filled, never read. An fp8 cache (KV =
+//     __nv_fp8_e4m3) takes the same ways into a byte staging buffer per K and V (whole rows per
+//     TMA box, unswizzled), and the warpgroup converts each tile into that 16-bit layout
+//     (Sm90ProducerItemFp8); the consumers read 16-bit tiles either way, and k_scale / v_scale
+//     stay outside the kernel as on every path.
 //   warpgroups 1 and up, consumers (224 registers, 232 at D = 256, 160 for three at D = 64):
 //     64 query rows each.
 //     S = Q K^T by wgmma (both operands from shared memory, K-major), online softmax in the log2
@@ -29,7 +33,7 @@
 //     softmax overlaps the others' matrix work (ping-pong). Each warp stores its 16 output rows
 //     through shared memory, by TMA where they are all real rows and the launch has an output map.
 // Short-region blocks (the decodes of a mixed batch) run the decode kernel's body
-// (MmaTileBlock) on warpgroup 0 alone; the other warpgroups exit.
+// (MmaTileBlock, fp8 caches too) on warpgroup 0 alone; the other warpgroups exit.
 //
 // Device code exists only in the sm_90a pass (XGO_SM90A_DEVICE); every other pass of a multi-arch
 // build compiles an empty kernel, and the plan never picks it there (QueryPlanDevice asks).
@@ -50,7 +54,9 @@
 
 namespace xgo {
 
-template <int kD>
+// kFp8: a float8_e4m3fn cache. Each K or V tile then arrives as bytes in a staging buffer of its
+// own (by TMA or cp.async), and the producer converts it into the 16-bit stage the consumers read.
+template <int kD, bool kFp8 = false>
 struct Sm90PrefillConfig {
   // Consumer warpgroups, 64 query rows each; D = 64 takes kSm90D64Consumers (192-row items).
   // The tuned values of this config (consumers, tile keys, stages): paged_attention/tuning.h.
@@ -74,10 +80,15 @@ struct Sm90PrefillConfig {
   // Shared memory (bytes from a 1024-byte aligned base: the 128-byte swizzle repeats every 8 rows
   // of 128 bytes, and wgmma descriptors assume that phase; see SwizzledOffset).
   static constexpr int kSlotBuffers = 3;  // key -> cache offset tables (see Sm90ProducerItem)
-  static constexpr int kKvBytes = (kKStages + kVStages) * kTileBytes;
+  static constexpr int kStagingBuffers = kFp8 ? 2 : 0;  // fp8: one K and one V tile of bytes
+  static constexpr int kStagingBytes = kBlockN * kD;
+  static constexpr int kStagingChunksPerRow = kD / 16;  // 16-byte chunks of an fp8 row
+  static constexpr int kStagingRowsPerPass = 128 / kStagingChunksPerRow;
+  static constexpr int kKvBytes =
+      (kKStages + kVStages) * kTileBytes + kStagingBuffers * kStagingBytes;
   // The tables, the barriers with two Q buffers, the alignment slack.
   static constexpr int kTableAndBarrierBytes =
-      kSlotBuffers * kBlockN * 8 + 2 * (2 + kKStages + kVStages) * 8 + 1024;
+      kSlotBuffers * kBlockN * 8 + (2 * (2 + kKStages + kVStages) + kStagingBuffers) * 8 + 1024;
   // Q buffers: two where they fit (D <= 128), so a persistent block's producer loads the next
   // item's Q while the consumers still read the current one (or stage their output in it).
   static constexpr int kQStages =
@@ -88,10 +99,11 @@ struct Sm90PrefillConfig {
   static constexpr int kQOffset = 0;  // buffer b at kQOffset + b * kQBytes
   static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kKStages * kTileBytes;
-  static constexpr int kSlotOffset = kVOffset + kVStages * kTileBytes;
+  static constexpr int kStagingOffset = kVOffset + kVStages * kTileBytes;
+  static constexpr int kSlotOffset = kStagingOffset + kStagingBuffers * kStagingBytes;
   static constexpr int kBarrierOffset = kSlotOffset + kSlotBuffers * kBlockN * 8;
-  // Q full/empty per buffer; K, V full/empty per stage.
-  static constexpr int kNumBarriers = 2 * (kQStages + kKStages + kVStages);
+  // Q full/empty per buffer; K, V full/empty per stage; staging full per staging buffer.
+  static constexpr int kNumBarriers = 2 * (kQStages + kKStages + kVStages) + kStagingBuffers;
   static constexpr size_t kSmemBytes = kBarrierOffset + kNumBarriers * 8 + 1024;  // + alignment
   static constexpr bool kPingPong = kD <= 128;
   // With two consumers (D = 128) an item's first S and last P V go through the issue turns too,
@@ -120,12 +132,17 @@ struct Sm90PrefillConfig {
   // Short blocks own the SM's shared memory (kSm90ShortStages).
   static constexpr int kShortStages = kSm90ShortStages;
   static constexpr size_t kShortSmemBytes =
-      kShortRegion ? MmaConfig<kD, 1, kShortStages>::kSmemBytes : 0;
+      kShortRegion
+          ? MmaTileConfig<std::conditional_t<kFp8, __nv_fp8_e4m3, __half>, kD, 1,
+                          kShortStages>::kSmemBytes
+          : 0;
   static constexpr size_t kLaunchSmemBytes =
       kSmemBytes > kShortSmemBytes ? kSmemBytes : kShortSmemBytes;
 
   static_assert(kD % 64 == 0, "128-byte swizzle atoms: 64 elements of 16 bits");
-  static_assert(kBlockN % kRowsPerPass == 0 && kBlockRows % kRowsPerPass == 0, "copy passes");
+  static_assert(kBlockN % kRowsPerPass == 0 && kBlockRows % kRowsPerPass == 0 &&
+                    kBlockN % kStagingRowsPerPass == 0,
+                "copy passes");
   static_assert(kBlockN <= 128, "one producer thread per key computes the key's cache offset");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
   static_assert(kConsumers == 2 || kConsumers == 3, "named barriers: one issue turn per consumer");
@@ -133,10 +150,9 @@ struct Sm90PrefillConfig {
 };
 
 // Barrier addresses in the barrier array: Q full / empty per Q buffer, then K and V full / empty
-// per stage.
-template <int kD>
+// per stage, then (fp8) staging full per staging buffer (0: K, 1: V).
+template <typename Cfg>
 struct Sm90Barriers {
-  using Cfg = Sm90PrefillConfig<kD>;
   static constexpr int kQ = Cfg::kQStages, kK = Cfg::kKStages, kV = Cfg::kVStages;
   uint32_t base;  // shared address of barrier 0
   __device__ __forceinline__ uint32_t QFull(int b) const { return base + 8 * b; }
@@ -148,6 +164,9 @@ struct Sm90Barriers {
   }
   __device__ __forceinline__ uint32_t VEmpty(int s) const {
     return base + 8 * (2 * kQ + 2 * kK + kV + s);
+  }
+  __device__ __forceinline__ uint32_t StagingFull(int b) const {
+    return base + 8 * (2 * kQ + 2 * kK + 2 * kV + b);
   }
 };
 
@@ -256,6 +275,57 @@ __device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, 
   }
 }
 
+// fp8 caches: rows [t / kStagingChunksPerRow + k kStagingRowsPerPass] of one K or V tile, 16-byte
+// chunk t % kStagingChunksPerRow of each, into a staging buffer of [kBlockN][kD] bytes (row r at
+// r kD) by cp.async, from the key table's cache offsets (-1: zero-fill).
+template <int kD>
+__device__ __forceinline__ void Sm90IssueStagingTile(const uint8_t* kv_head, const int64_t* slots,
+                                                     unsigned char* staging, int t) {
+  using Cfg = Sm90PrefillConfig<kD, true>;
+  const int chunk = t % Cfg::kStagingChunksPerRow;
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockN / Cfg::kStagingRowsPerPass; ++i) {
+    const int r = t / Cfg::kStagingChunksPerRow + i * Cfg::kStagingRowsPerPass;
+    const int64_t offset = slots[r];
+    const bool valid = offset >= 0;
+    const uint8_t* src = valid ? kv_head + offset + chunk * 16 : kv_head;
+    CpAsync16(staging + r * kD + chunk * 16, src, valid ? 16 : 0);
+  }
+}
+
+// fp8 caches: rows [t, t + box_rows) of one K or V tile by TMA into the staging buffer (one box of
+// kD bytes x 1 head x box_rows slots, no swizzle), from cache slot `slot` of combined head `head`.
+template <int kD>
+__device__ __forceinline__ void Sm90IssueStagingBoxes(const Sm90KvTensorMap& kv_map, int head,
+                                                      int slot, uint32_t staging, int t,
+                                                      uint32_t bar) {
+  MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD));
+  TmaLoad3d(staging + t * kD, &kv_map.map, 0, head, slot, bar);
+}
+
+// fp8 caches: this thread's chunks of a staging buffer -> the 16-bit tile (SwizzledOffset layout)
+// the consumers read: 16 bytes in, two 16-byte chunks of T out. The 8 threads of a store phase
+// cover one 128-byte row of staging (or two 64-byte ones), conflict-free to read; threads whose
+// chunk lies in an odd 64-column block store their upper half first, so each store instruction
+// puts the phase's 8 chunks in 8 different bank groups.
+template <typename T, int kD>
+__device__ __forceinline__ void Sm90ConvertStaging(const unsigned char* staging,
+                                                   unsigned char* tile, int t) {
+  using Cfg = Sm90PrefillConfig<kD, true>;
+  const int chunk = t % Cfg::kStagingChunksPerRow;
+  const int upper_first = (chunk / 4) & 1;
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockN / Cfg::kStagingRowsPerPass; ++i) {
+    const int r = t / Cfg::kStagingChunksPerRow + i * Cfg::kStagingRowsPerPass;
+    uint4 lo, hi;
+    Fp8x16To<T>(*reinterpret_cast<const uint4*>(staging + r * kD + chunk * 16), lo, hi);
+    *reinterpret_cast<uint4*>(tile + SwizzledOffset<Cfg::kBlockN>(r, 2 * chunk + upper_first)) =
+        upper_first ? hi : lo;
+    *reinterpret_cast<uint4*>(tile + SwizzledOffset<Cfg::kBlockN>(r, 2 * chunk + 1 - upper_first)) =
+        upper_first ? lo : hi;
+  }
+}
+
 // Producer warpgroup, per item, first: Q into the item's buffer, by TMA from thread 0 where the
 // launch has a Q map, otherwise by every thread's cp.async (the 16-byte chunks of a
 // Sm90PrefillConfig row pass). An item without tiles (an empty KV split, a poisoned sequence) loads
@@ -300,17 +370,53 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
   }
 }
 
-// Warpgroup 0, per item after Sm90ProducerQ: per tile step: K of this step and V of the previous
-// one (the consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with O += P_{i-1}
-// V_{i-1}). Stages, phases and tables follow the block's tile count over its items (tiles_done
-// before this one), so the pipeline runs on from one item into the next. Each thread owns one key
-// of the tile for the page-table lookup (its page entry is loaded a tile ahead). A tile whose keys
-// all lie before the block's end goes by TMA when the launch has a tensor map: the threads that own
-// a box's first key issue it (no per-row work); the others only arrive. Any other tile (the last
-// one or two of a block, or every tile without a tensor map) is gathered by cp.async: every thread
-// writes its key's cache offset into a table in shared memory and, after a warpgroup barrier,
-// copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k kRowsPerPass, zero-filling keys past
-// the end. (Measured on an H100, B1 x 8k, D 128: with cp.async alone the producer's per-row
+// The producer's walk over an item's tiles through the page table: thread t < kBlockN owns key t of
+// each tile, its page entry loaded a tile ahead. Keys at or past key_end (the block's causal end)
+// and pages outside [0, num_pages) are zero-filled, never read (the prep kernel poisons sequences
+// with such pages anyway); for TMA such a page's box starts at a negative slot, outside the
+// tensor: zeros.
+template <int kN>
+struct Sm90KeyWalk {
+  int key;
+  int page;
+
+  __device__ __forceinline__ Sm90KeyWalk(const PagedAttentionParams& p, const KeyRange& range,
+                                         const int32_t* table, int t)
+      : key(range.key_base + range.tile_begin * kN + t),
+        page(t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1) {}
+
+  // This thread's key of the current tile: its cache offset (elements of one cache slot's row
+  // 2 Hkv x kD; -1: zero-fill) into `table_now`, and its slot returned (TMA's coordinate, 32-bit
+  // only where the launcher made a tensor map, i.e. the cache has at most INT32_MAX slots). Then
+  // on to the next tile.
+  __device__ __forceinline__ int Next(const PagedAttentionParams& p, const KeyRange& range,
+                                      const int32_t* table, int64_t* table_now, int kd, int t) {
+    if (t >= kN) return 0;
+    int64_t offset = -1;
+    int slot = -kN;
+    if (key < range.key_end && page >= 0 && page < p.num_pages) {
+      const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
+      const int64_t slot64 = static_cast<int64_t>(page) * p.page_size + in_page;
+      slot = static_cast<int>(slot64);
+      offset = slot64 * (static_cast<int64_t>(2 * p.num_kv_heads) * kd);
+    }
+    table_now[t] = offset;
+    key += kN;
+    page = key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
+    return slot;
+  }
+};
+
+// Warpgroup 0, per item after Sm90ProducerQ (16-bit caches): per tile step: K of this step and V of
+// the previous one (the consumers need K_i before V_{i-1}: they issue S_i = Q K_i^T together with
+// O += P_{i-1} V_{i-1}). Stages, phases and tables follow the block's tile count over its items
+// (tiles_done before this one), so the pipeline runs on from one item into the next. A tile whose
+// keys all lie before the block's end goes by TMA when the launch has a tensor map: the threads
+// that own a box's first key issue it (no per-row work); the others only arrive. Any other tile
+// (the last one or two of a block, or every tile without a tensor map) is gathered by cp.async:
+// every thread writes its key's cache offset into a table in shared memory (Sm90KeyWalk) and,
+// after a warpgroup barrier, copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k
+// kRowsPerPass, zero-filling keys past the end. (Measured on an H100, B1 x 8k, D 128: with cp.async alone the producer's per-row
 // instructions bounded the kernel, 1445 us, against 989 us with the loads removed.) The tables
 // rotate through 3 buffers: V of step i - 1 still reads table i - 1 while table i + 1 is written,
 // and a thread writing table i + 2 has passed the barrier of step i + 1, which every thread reaches
@@ -320,8 +426,8 @@ template <typename T, int kD, typename IssueQ>
 __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
                                                  const Sm90KvTensorMap& kv_map, const TileWork& w,
                                                  const KeyRange& range, unsigned char* smem,
-                                                 const Sm90Barriers<kD>& bars, int tiles_done,
-                                                 int num_tiles, IssueQ&& issue_q) {
+                                                 const Sm90Barriers<Sm90PrefillConfig<kD>>& bars,
+                                                 int tiles_done, int num_tiles, IssueQ&& issue_q) {
   using Cfg = Sm90PrefillConfig<kD>;
   constexpr int kN = Cfg::kBlockN;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
@@ -337,8 +443,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   const uint32_t v_tiles = SharedAddress(smem + Cfg::kVOffset);
   const bool tma = kv_map.box_rows > 0;
   const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
-  int key = range.key_base + range.tile_begin * kN + t;
-  int page = t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
+  Sm90KeyWalk<kN> walk(p, range, table, t);
   int prev_slot = 0;        // the box's cache slot in the previous tile (its V goes now)
   bool prev_tma = false;    // whether the previous tile went by TMA
   // V of the block's tile `prev` (the previous step's: its slot and way of loading) into its stage.
@@ -362,25 +467,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     int64_t* table_now = slots + (tile % Cfg::kSlotBuffers) * kN;
     const int key0 = range.key_base + (range.tile_begin + step) * kN;
     const bool tile_tma = tma && key0 + kN <= range.key_end;  // every key before the end
-    int slot = 0;
-    if (t < kN) {
-      // Keys at or past key_end (the block's causal end) and pages outside [0, num_pages) are
-      // zero-filled, never read (the prep kernel poisons sequences with such pages anyway); for
-      // TMA such a page's box starts at a negative slot, outside the tensor: zeros.
-      // The slot in 64 bits for the copy's offset; TMA's 32-bit coordinate only where the launcher
-      // made a tensor map, i.e. the cache has at most INT32_MAX slots.
-      int64_t offset = -1;
-      slot = -kN;
-      if (key < range.key_end && page >= 0 && page < p.num_pages) {
-        const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-        const int64_t slot64 = static_cast<int64_t>(page) * p.page_size + in_page;
-        slot = static_cast<int>(slot64);
-        offset = slot64 * (static_cast<int64_t>(2 * p.num_kv_heads) * kD);
-      }
-      table_now[t] = offset;
-      key += kN;
-      page = key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1;
-    }
+    const int slot = walk.Next(p, range, table, table_now, kD, t);
     NamedBarrierSync(kSm90ProducerBarrier, 128);
     const int stage = tile % Cfg::kKStages;
     const uint32_t phase = (tile / Cfg::kKStages) & 1;
@@ -403,6 +490,98 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   issue_v(tiles_done + num_tiles - 1);
 }
 
+// Warpgroup 0, per item after Sm90ProducerQ (fp8 caches): each tile's K and V bytes go into the
+// two staging buffers (by TMA where the tile is whole and the launch has a byte tensor map,
+// otherwise by cp.async from the key table, zero-filling as Sm90KeyWalk says), and every thread
+// converts its chunks of them into the 16-bit stages (Sm90ConvertStaging). The loads of tile
+// i + 1 are issued as soon as tile i's bytes of the same buffer are converted, so each load flies
+// while the other buffer converts. Staging barriers complete once per tile of the block (parity:
+// the tile count); a warpgroup barrier after each conversion frees the buffer for the next load
+// and publishes the next tile's key table. Stages fill in the order K_i, V_i (the consumers take
+// K_{i+1} before V_i, which only comes earlier).
+template <typename T, int kD, typename IssueQ>
+__device__ __forceinline__ void Sm90ProducerItemFp8(
+    const PagedAttentionParams& p, const Sm90KvTensorMap& kv_map, const TileWork& w,
+    const KeyRange& range, unsigned char* smem,
+    const Sm90Barriers<Sm90PrefillConfig<kD, true>>& bars, int tiles_done, int num_tiles,
+    IssueQ&& issue_q) {
+  using Cfg = Sm90PrefillConfig<kD, true>;
+  constexpr int kN = Cfg::kBlockN;
+  const int t = static_cast<int>(threadIdx.x);  // 0..127
+  if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
+
+  const uint8_t* kv_head =
+      static_cast<const uint8_t*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
+  int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
+  unsigned char* staging = smem + Cfg::kStagingOffset;  // K bytes, then V bytes
+  const bool tma = kv_map.box_rows > 0;
+  const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
+  Sm90KeyWalk<kN> walk(p, range, table, t);
+  // Looks the keys of the item's tile `step` up (into the table of block tile `tile`): this
+  // thread's slot, and whether the tile goes by TMA. The caller's warpgroup barrier publishes the
+  // table.
+  struct Load {
+    int slot;
+    bool tma;
+  };
+  auto look_up = [&](int step, int tile) {
+    const int key0 = range.key_base + (range.tile_begin + step) * kN;
+    const int slot = walk.Next(p, range, table, slots + (tile % Cfg::kSlotBuffers) * kN, kD, t);
+    return Load{slot, tma && key0 + kN <= range.key_end};  // TMA: every key before the end
+  };
+  // K (which = 0) or V (1) bytes of block tile `tile` into staging buffer `which`.
+  auto issue = [&](int which, int tile, const Load& load) {
+    unsigned char* buffer = staging + which * Cfg::kStagingBytes;
+    const uint32_t full = bars.StagingFull(which);
+    if (load.tma) {
+      if (box_owner) {
+        Sm90IssueStagingBoxes<kD>(kv_map, 2 * w.kv_head + which, load.slot,
+                                  SharedAddress(buffer), t, full);
+      }
+    } else {
+      Sm90IssueStagingTile<kD>(kv_head + which * kD, slots + (tile % Cfg::kSlotBuffers) * kN,
+                               buffer, t);
+    }
+    CpAsyncArriveNoInc(full);
+  };
+  // Staging buffer `which` of block tile `tile` -> its 16-bit K or V stage, once the consumers have
+  // released that stage.
+  auto convert = [&](int which, int tile) {
+    const int num_stages = which == 0 ? Cfg::kKStages : Cfg::kVStages;
+    const int stage = tile % num_stages;
+    MbarWait(bars.StagingFull(which), tile & 1);
+    MbarWait(which == 0 ? bars.KEmpty(stage) : bars.VEmpty(stage),
+             ((tile / num_stages) & 1) ^ 1);  // the first pass over the stages does not wait
+    Sm90ConvertStaging<T, kD>(staging + which * Cfg::kStagingBytes,
+                              smem + (which == 0 ? Cfg::kKOffset : Cfg::kVOffset) +
+                                  stage * Cfg::kTileBytes,
+                              t);
+    // The 16-bit tile is read by wgmma (the async proxy); the staging buffer is written next by
+    // TMA (the async proxy too).
+    FenceProxyAsync();
+    MbarArrive(which == 0 ? bars.KFull(stage) : bars.VFull(stage));
+  };
+
+  Load next = look_up(0, tiles_done);
+  NamedBarrierSync(kSm90ProducerBarrier, 128);
+  issue(0, tiles_done, next);
+  issue(1, tiles_done, next);
+  if (Cfg::kQAfterFirstK) issue_q();
+#pragma unroll 1
+  for (int step = 0; step < num_tiles; ++step) {
+    const int tile = tiles_done + step;  // the block's tile count
+    const bool has_next = step + 1 < num_tiles;
+    if (has_next) next = look_up(step + 1, tile + 1);
+    convert(0, tile);
+    NamedBarrierSync(kSm90ProducerBarrier, 128);  // K's buffer read; the next table written
+    if (has_next) issue(0, tile + 1, next);
+    convert(1, tile);
+    NamedBarrierSync(kSm90ProducerBarrier, 128);  // V's buffer read
+    if (has_next) issue(1, tile + 1, next);
+  }
+}
+
 // Warpgroup 0: the block's items, one after another. Thread 0 looks each one up (in a persistent
 // launch every item comes from NextPrefillItem, claimed only when it is looked up, so no block
 // holds an item it has not started while another has none; otherwise the block's own index)
@@ -411,14 +590,12 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
 // and the buffer's release. The warpgroup loads its Q, K and V while the consumers still work on
 // the one before, ahead by up to kQStages items and by the stages. An item without a tile (the
 // lookup's end) is published with more == false.
-template <typename T, int kD>
-__device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
-                                                  const PrefillGrid& g, int index,
-                                                  const Sm90KvTensorMap& kv_map,
-                                                  const Sm90RowTensorMaps& row_maps,
-                                                  unsigned char* smem, const Sm90Barriers<kD>& bars,
-                                                  Sm90Item* items) {
-  using Cfg = Sm90PrefillConfig<kD>;
+template <typename T, typename KV, int kD>
+__device__ __forceinline__ void Sm90ProducerBlock(
+    const PagedAttentionParams& p, const PrefillGrid& g, int index, const Sm90KvTensorMap& kv_map,
+    const Sm90RowTensorMaps& row_maps, unsigned char* smem,
+    const Sm90Barriers<Sm90PrefillConfig<kD, IsFp8<KV>>>& bars, Sm90Item* items) {
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   if (t == 0) {
     if (kv_map.box_rows > 0) TmaPrefetchDescriptor(&kv_map.map);
@@ -467,8 +644,13 @@ __device__ __forceinline__ void Sm90ProducerBlock(const PagedAttentionParams& p,
     };
     if (!Cfg::kQAfterFirstK || num_tiles <= 0) issue_q();
     if (!more) break;
-    Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles,
-                            issue_q);
+    if constexpr (IsFp8<KV>) {
+      Sm90ProducerItemFp8<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done,
+                                 num_tiles, issue_q);
+    } else {
+      Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles,
+                              issue_q);
+    }
     tiles_done += num_tiles;
   }
   CpAsyncWaitAll();  // no copy outlives its thread
@@ -585,14 +767,13 @@ struct Sm90Consumer {
 // Consumer `cw` on one item whose Q has landed in `q_buffer` (Sm90ConsumerBlock waited); stages and
 // phases follow the block's tile count (tiles_done before this item), as the producer's. Ends when
 // the rows are stored (the output staged in this warp's rows of q_buffer has been read).
-template <typename T, int kD>
-__device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
-                                                 const Sm90RowTensorMaps& row_maps,
-                                                 const TileWork& w, const KeyRange& range,
-                                                 unsigned char* smem, unsigned char* q_buffer,
-                                                 const Sm90Barriers<kD>& bars, int cw,
-                                                 int tiles_done, int num_tiles) {
-  using Cfg = Sm90PrefillConfig<kD>;
+template <typename T, typename KV, int kD>
+__device__ __forceinline__ void Sm90ConsumerItem(
+    const PagedAttentionParams& p, const Sm90RowTensorMaps& row_maps, const TileWork& w,
+    const KeyRange& range, unsigned char* smem, unsigned char* q_buffer,
+    const Sm90Barriers<Sm90PrefillConfig<kD, IsFp8<KV>>>& bars, int cw, int tiles_done,
+    int num_tiles) {
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   using C = Sm90Consumer<T, kD>;
   constexpr int kN = Cfg::kBlockN;
   const int tw = static_cast<int>(threadIdx.x) % 128;
@@ -799,13 +980,11 @@ __device__ __forceinline__ void Sm90ConsumerItem(const PagedAttentionParams& p,
 // After each, every thread releases the item's Q buffer (and so, in order, its slot in `items`)
 // to the producer; its output staging there (generic writes, or reads of the thread copy) is
 // ordered before the next TMA load into the buffer by the proxy fence.
-template <typename T, int kD>
-__device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
-                                                  const Sm90RowTensorMaps& row_maps,
-                                                  unsigned char* smem,
-                                                  const Sm90Barriers<kD>& bars,
-                                                  const Sm90Item* items, int cw) {
-  using Cfg = Sm90PrefillConfig<kD>;
+template <typename T, typename KV, int kD>
+__device__ __forceinline__ void Sm90ConsumerBlock(
+    const PagedAttentionParams& p, const Sm90RowTensorMaps& row_maps, unsigned char* smem,
+    const Sm90Barriers<Sm90PrefillConfig<kD, IsFp8<KV>>>& bars, const Sm90Item* items, int cw) {
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   int tiles_done = 0;
 #pragma unroll 1
   for (int n = 0;; ++n) {
@@ -815,7 +994,7 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
     if (!WarpUniform(item.more)) break;
     if (WarpUniform(item.w.seq_ok)) {
       const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
-      Sm90ConsumerItem<T, kD>(p, row_maps, item.w, item.range, smem,
+      Sm90ConsumerItem<T, KV, kD>(p, row_maps, item.w, item.range, smem,
                               smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars, cw, tiles_done,
                               num_tiles);
       tiles_done += num_tiles;
@@ -829,16 +1008,16 @@ __device__ __forceinline__ void Sm90ConsumerBlock(const PagedAttentionParams& p,
 
 // One prefill block: barriers, then the producer / consumer split with register reallocation.
 // `index`: the block's item (a persistent launch's blocks take theirs from NextPrefillItem).
-template <typename T, int kD>
+template <typename T, typename KV, int kD>
 __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
                                                  const PrefillGrid& g, int index,
                                                  const Sm90KvTensorMap& kv_map,
                                                  const Sm90RowTensorMaps& row_maps,
                                                  unsigned char* smem_raw) {
-  using Cfg = Sm90PrefillConfig<kD>;
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   const uint32_t raw = SharedAddress(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-  const Sm90Barriers<kD> bars{SharedAddress(smem) + Cfg::kBarrierOffset};
+  const Sm90Barriers<Cfg> bars{SharedAddress(smem) + Cfg::kBarrierOffset};
   // The items' metadata lives in shared memory: both roles read it from there, so it holds no
   // registers through the main loops (the consumers' epilogue reads it again).
   __shared__ Sm90Item s_items[2];
@@ -855,15 +1034,16 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
       MbarInit(bars.VFull(s), 128);
       MbarInit(bars.VEmpty(s), 128 * Cfg::kConsumers);
     }
+    for (int b = 0; b < Cfg::kStagingBuffers; ++b) MbarInit(bars.StagingFull(b), 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x < 128) {
     SetMaxRegistersDecrease<Cfg::kProducerRegs>();
-    Sm90ProducerBlock<T, kD>(p, g, index, kv_map, row_maps, smem, bars, s_items);
+    Sm90ProducerBlock<T, KV, kD>(p, g, index, kv_map, row_maps, smem, bars, s_items);
   } else {
     SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
-    Sm90ConsumerBlock<T, kD>(p, row_maps, smem, bars, s_items,
+    Sm90ConsumerBlock<T, KV, kD>(p, row_maps, smem, bars, s_items,
                              static_cast<int>(threadIdx.x) / 128 - 1);
   }
 }
@@ -872,14 +1052,15 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
 // Prefill tiles (and, for D <= 128 with a short region, the short sequences as 16-row decode
 // blocks). Grid and block order as PagedAttentionPrefillKernel; Cfg::kThreads threads, one block
 // per SM.
-template <typename T, int kD>
-__global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
+// KV: the cache's element type (T, or __nv_fp8_e4m3 converted in the producer).
+template <typename T, typename KV, int kD>
+__global__ void __launch_bounds__(Sm90PrefillConfig<kD, IsFp8<KV>>::kThreads, 1)
     PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,
                                     PrefillGrid g,
                                     const __grid_constant__ Sm90KvTensorMap kv_map,
                                     const __grid_constant__ Sm90RowTensorMaps row_maps) {
 #if XGO_SM90A_DEVICE
-  using Cfg = Sm90PrefillConfig<kD>;
+  using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   int index = 0;
   if (IsShortBlock(g, index)) {
@@ -897,12 +1078,13 @@ __global__ void __launch_bounds__(Sm90PrefillConfig<kD>::kThreads, 1)
         return;
       }
       SetMaxRegistersIncrease<Cfg::kShortRegs>();
-      MmaTileBlock<T, kD, 1, Cfg::kShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(
-          p, w, smem_raw);
+      // fp8 tiles without the evict-first hint: see PagedAttentionMmaKernel.
+      MmaTileBlock<T, kD, 1, Cfg::kShortStages, /*kSelfCheck=*/false,
+                   /*kEvictFirst=*/!IsFp8<KV>, KV>(p, w, smem_raw);
     }
     return;
   }
-  Sm90PrefillBlock<T, kD>(p, g, index, kv_map, row_maps, smem_raw);
+  Sm90PrefillBlock<T, KV, kD>(p, g, index, kv_map, row_maps, smem_raw);
 #endif
 }
 

@@ -94,6 +94,8 @@ def _flashinfer(argv: list[str]) -> int:
     build = sub.add_parser("prebuild", help="build the modules of the benchmark's cases")
     build.add_argument("--quick", action="store_true", help="the cases of --quick")
     build.add_argument("--cases", nargs="*", default=(), help="case name substrings")
+    build.add_argument("--skip-impls", nargs="*", default=(), metavar="IMPL",
+                       help="FlashInfer peers the run leaves out, e.g. flashinfer_xqa")  # fmt: skip
     export = sub.add_parser("export-cache", help="pack the built modules into FILE")
     export.add_argument("file", type=Path)
     load = sub.add_parser("import-cache", help="unpack FILE (or FILE.part0, ...) for FlashInfer")
@@ -109,12 +111,10 @@ def _flashinfer(argv: list[str]) -> int:
         print(f"FlashInfer {reason}: nothing to do", flush=True)
         return 0
     if args.command == "prebuild":
-        result = flashinfer_peer.prebuild(
-            flashinfer_peer.modules_needed(select_cases(all_cases(args.quick), args.cases))
-        )
+        cases = select_cases(all_cases(args.quick), args.cases)
+        result = flashinfer_peer.prebuild(flashinfer_peer.modules_needed(cases, args.skip_impls))
         print(f"FlashInfer modules loaded or built: {result['modules']} in {result['seconds']:.0f} s"
-              f" (MAX_JOBS {result.get('max_jobs')}, prefill backend "
-              f"{result.get('prefill_backend')})", flush=True)  # fmt: skip
+              f" (MAX_JOBS {result.get('max_jobs')})", flush=True)  # fmt: skip
         for error in result["errors"]:
             print(f"  FAILED {error}", flush=True)
         return 1 if result["errors"] else 0

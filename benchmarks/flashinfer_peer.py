@@ -1,13 +1,28 @@
-"""FlashInfer as a peer: batch decode (tensor cores) and batch prefill (FA3 on sm_90) over our cache.
+"""FlashInfer as a peer over our cache: batch decode (tensor cores), XQA decode, batch prefill (FA3 on
+sm_90), their fp8-cache and attention-sink forms.
 
 Same inputs, same process. Our cache is [pages, page_size, 2*Hkv, D] with K at even and V at odd
 combined heads; FlashInfer takes K and V caches [pages, page_size, Hkv, D] ("NHD") and reads their
 strides, so K and V are strided views of our cache: the same bytes, no copy. Its CSR page metadata
-(indptr, indices, last_page_len) is derived once from block_tables and context_lens. `plan()` runs
-on the host, outside the timed region: FlashInfer schedules from the lengths on the host (ours has
-no host plan; inside an XLA program nothing runs on the host). Causal masks agree: FlashInfer aligns
-a request's queries with the end of its keys (key j visible to query i if j <= i + kv_len - q_len),
-as ours does. Outputs go to preallocated buffers (`out=`, as serving frameworks call it).
+(indptr, indices, last_page_len) is derived once from block_tables and context_lens; XQA reads
+block_tables and context_lens as they are. `plan()` runs on the host, outside the timed region:
+FlashInfer schedules from the lengths on the host (ours has no host plan; inside an XLA program
+nothing runs on the host); XQA has no plan. Causal masks agree: FlashInfer aligns a request's
+queries with the end of its keys (key j visible to query i if j <= i + kv_len - q_len), as ours
+does. Outputs go to preallocated buffers (`out=`, as serving frameworks call it).
+
+Peers (FlashInfer 0.6.13, read from its wheel):
+  flashinfer_decode   BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): FlashInfer's FA2
+                      prefill template with a KV head's query heads as the rows; an fp8 cache
+                      through plan(kv_data_type=float8_e4m3fn) and run(k_scale=, v_scale=)
+  flashinfer_xqa      flashinfer.decode.xqa_batch_decode_with_kv_cache: XQA, vLLM's decode kernel
+                      on Hopper (fp8 cache, sliding window and sinks in the kernel)
+  flashinfer_prefill  BatchPrefillWithPagedKVCacheWrapper, causal: FA3 on sm_90, FA2 for an fp8
+                      cache (prefill_backend)
+Sinks: FlashInfer's sink variant, BatchAttentionWithAttentionSinkWrapper (a prefill wrapper with a
+JIT module of its own; run(q, kv, sinks, sm_scale)), serves the decode and prefill peers; the
+decode wrapper's run(sinks=) reaches only the trtllm-gen backend (sm_100) and the FA2 / FA3
+paged_run drop it (prefill.py). Sliding window: window_left.
 
 FlashInfer 0.6 compiles its kernels on first use (nvcc under CUDA_HOME) into
 FLASHINFER_WORKSPACE_BASE. `prebuild` builds every module a run needs, concurrently, before any
@@ -18,6 +33,7 @@ module without building it (`python -m benchmarks flashinfer {status,prebuild,ex
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -27,11 +43,15 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.cases import scale_of
-from benchmarks.runners import NotApplicable, Runner, canon
+from benchmarks.cases import build_inputs, kv_scales, scale_of
+from benchmarks.runners import BenchEnv, NotApplicable, Runner, canon
 
 PIN = "flashinfer-python==0.6.13"
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended float workspace
+# XQA's workspace, zeroed before its first use: 8 MiB of semaphores, then its scratch (512 MiB is
+# plenty for the largest batch here)
+XQA_WORKSPACE_BYTES = 512 << 20
+XQA_PAGE_SIZES = (16, 32, 64, 128)
 MAX_PART_BYTES = 15 << 20  # a large kernel cache is written in parts of at most this size
 MODULE_FILE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.-]*)/\1\.so$")  # no "..": stays in its dir
 
@@ -56,11 +76,40 @@ def version() -> str | None:
         return None
 
 
-def prefill_backend() -> str:
-    """FA3 on sm_90 (Hopper); FlashInfer's FA2 template elsewhere."""
+def prefill_backend(case) -> str:
+    """FA3 on sm_90 (Hopper), FlashInfer's FA2 template elsewhere. An fp8 cache takes FA2 on every
+    GPU: FA3 reads fp8 K/V only with an fp8 query (utils.is_fa3_backend_supported), which would
+    change the inputs; FA2 dequantises fp8 K/V against the 16-bit query, as ours does."""
     import torch
 
-    return "fa3" if torch.cuda.get_device_capability()[0] == 9 else "fa2"
+    return "fa3" if torch.cuda.get_device_capability()[0] == 9 and not case.kv_fp8 else "fa2"
+
+
+def window_left(case) -> int:
+    """FlashInfer's window: key j is visible to query i if i - j <= window_left (-1: every key).
+    Our sliding_window w counts the visible keys, the query's own included (docs/DESIGN.md: key
+    position p > pos - w), so window_left = w - 1."""
+    return -1 if case.sliding_window is None else case.sliding_window - 1
+
+
+def _plan_options(case) -> dict:
+    """The keywords both wrappers' plan() take: dtypes, softmax scale, window."""
+    import torch
+
+    return {"q_data_type": getattr(torch, case.dtype),
+            "kv_data_type": getattr(torch, case.cache_dtype), "sm_scale": scale_of(case),
+            "window_left": window_left(case)}  # fmt: skip
+
+
+def xqa_unsupported(case) -> str | None:
+    """Why XQA cannot take the case (None: it can), from FlashInfer 0.6.13's jit/xqa.py."""
+    if case.dtype not in ("float16", "bfloat16"):
+        return f"XQA takes float16 or bfloat16 queries, not {case.dtype}"
+    if case.page_size not in XQA_PAGE_SIZES:
+        return f"XQA takes pages of {' / '.join(map(str, XQA_PAGE_SIZES))} tokens, not {case.page_size}"
+    if case.head_dim % 16 or case.head_dim > 256:
+        return f"XQA takes a head_dim that is a multiple of 16 up to 256, not {case.head_dim}"
+    return None
 
 
 # ------------------------------------------------------------------------------ layout
@@ -112,65 +161,140 @@ def _runner(case, copies, run_one, notes: str):
 
 
 def prepare_decode(env, case, copies):
-    """BatchDecodeWithPagedKVCacheWrapper, tensor-core path (use_tensor_cores=True)."""
+    """BatchDecodeWithPagedKVCacheWrapper, tensor-core path (use_tensor_cores=True); with sinks,
+    the sink variant on the same FA2 template."""
     import torch
 
     if case.kind != "decode":
         raise NotApplicable("decode batches only (prefill and mixed: flashinfer_prefill)")
+    if case.sinks:
+        return _prefill_runner(env, case, copies, "fa2")
     flashinfer = _flashinfer(env)
-    dtype = getattr(torch, case.dtype)
     indptr, indices, last_page_len = page_metadata(case, copies[0])
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=env.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
     wrapper.plan(indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, q_data_type=dtype, kv_data_type=dtype,
-                 sm_scale=scale_of(case))  # fmt: skip
+                 case.head_dim, case.page_size, **_plan_options(case))  # fmt: skip
+    scales = kv_scales(case)
 
     def run_one(q, kv, out):
-        return wrapper.run(q, kv, out=out)
+        return wrapper.run(q, kv, out=out, **scales)
 
     return _runner(case, copies, run_one, "tensor cores; plan() on the host, untimed; "
                                           "K/V strided views of our cache")  # fmt: skip
 
 
 def prepare_prefill(env, case, copies):
-    """BatchPrefillWithPagedKVCacheWrapper, backend fa3 on sm_90, causal."""
-    import torch
-
+    """BatchPrefillWithPagedKVCacheWrapper, causal, backend prefill_backend(case)."""
     if case.kind not in ("prefill", "mixed"):
         raise NotApplicable("prefill and mixed batches only (decode: flashinfer_decode)")
+    _flashinfer(env)  # installed, and a GPU to ask for its backend
+    return _prefill_runner(env, case, copies, prefill_backend(case))
+
+
+def _prefill_runner(env, case, copies, backend: str):
+    """The prefill wrapper on `backend`, causal; with sinks its sink variant,
+    BatchAttentionWithAttentionSinkWrapper, whose run() takes the sinks and the softmax scale."""
+    import torch
+
     flashinfer = _flashinfer(env)
-    dtype = getattr(torch, case.dtype)
-    backend = prefill_backend()
+    plan = _plan_options(case)
     indptr, indices, last_page_len = page_metadata(case, copies[0])
     qo_indptr = copies[0]["query_start_loc"].to("cpu")
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=env.device)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    scales = kv_scales(case)
+    if case.sinks:
+        # Its module is named by dtype, window and backend only (attention/_core.py): one head_dim
+        # per run's JIT cache. The variant reads its own softmax scale: k_scale goes into it.
+        wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
+            workspace, "NHD", backend=backend, q_data_type=plan["q_data_type"],
+            kv_data_type=plan["kv_data_type"], head_dim_qk=case.head_dim,
+            head_dim_vo=case.head_dim, window_left=plan["window_left"])  # fmt: skip
+        variant_args = (copies[0]["sinks"], plan["sm_scale"] * scales.get("k_scale", 1.0))
+    else:
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+        variant_args = ()
     wrapper.plan(qo_indptr, indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, causal=True, sm_scale=scale_of(case),
-                 q_data_type=dtype, kv_data_type=dtype)  # fmt: skip
+                 case.head_dim, case.page_size, causal=True, **plan)  # fmt: skip
 
     def run_one(q, kv, out):
-        return wrapper.run(q, kv, out=out)
+        return wrapper.run(q, kv, *variant_args, out=out, **scales)
 
-    return _runner(case, copies, run_one, f"backend {backend}, causal; plan() on the host, "
-                                          "untimed; K/V strided views of our cache")  # fmt: skip
+    variant = ", sink variant" if case.sinks else ""
+    return _runner(case, copies, run_one, f"backend {backend}{variant}, causal; plan() on the "
+                                          "host, untimed; K/V strided views of our cache")  # fmt: skip
+
+
+def prepare_xqa(env, case, copies):
+    """flashinfer.decode.xqa_batch_decode_with_kv_cache (XQA); no host plan."""
+    import torch
+
+    if case.kind != "decode":
+        raise NotApplicable("decode batches only")
+    reason = xqa_unsupported(case)
+    if reason is not None:
+        raise NotApplicable(reason)
+    flashinfer = _flashinfer(env)
+    if torch.cuda.get_device_capability()[0] not in (9, 10, 12):
+        raise NotApplicable("XQA runs on sm_90, sm_100 and sm_120 only (flashinfer/xqa.py)")
+    shared = copies[0]  # every copy holds the same page table, lengths and sinks
+    workspace = torch.zeros(XQA_WORKSPACE_BYTES, dtype=torch.uint8, device=env.device)
+    scales = kv_scales(case)
+    # XQA folds the scales into two (csrc/xqa/mha*.cu): logits = q.k x bmm1_scale, and on an fp8
+    # cache out = p.v x bmm2_scale (a 16-bit cache ignores bmm2_scale)
+    options = {"bmm1_scale": scale_of(case) * scales.get("k_scale", 1.0),
+               "bmm2_scale": scales.get("v_scale", 1.0), "window_left": window_left(case),
+               "sinks": shared.get("sinks")}  # fmt: skip
+    longest = max(ctx for _, ctx in case.seqs)
+
+    def run_one(q, kv, out):
+        return flashinfer.decode.xqa_batch_decode_with_kv_cache(
+            q, kv, workspace, shared["block_tables"], shared["context_lens"], longest, out=out,
+            kv_layout="NHD", **options)  # fmt: skip
+
+    return _runner(case, copies, run_one, "XQA, no host plan; K/V strided views of our cache")
+
+
+# impl -> (the kinds of case it runs, its prepare): peers.IMPLS lists them, prebuild builds their
+# modules
+PEERS = {
+    "flashinfer_decode": (frozenset({"decode"}), prepare_decode),
+    "flashinfer_xqa": (frozenset({"decode"}), prepare_xqa),
+    "flashinfer_prefill": (frozenset({"prefill", "mixed"}), prepare_prefill),
+}
 
 
 # ------------------------------------------------------------------------------ JIT modules
-def modules_needed(cases) -> list[tuple[str, str, int]]:
-    """(wrapper kind, dtype, head_dim) of every FlashInfer module the cases will load."""
-    needed = set()
+def module_key(impl: str, case) -> tuple | None:
+    """What picks `impl`'s JIT module for the case; None where `impl` does not run it."""
+    kinds, _ = PEERS[impl]
+    if case.kind not in kinds or (impl == "flashinfer_xqa" and xqa_unsupported(case)):
+        return None
+    key = (impl, case.dtype, case.cache_dtype, case.head_dim, case.sinks,
+           case.sliding_window is not None)  # fmt: skip
+    if impl == "flashinfer_xqa":  # compiled into XQA's kernel too
+        key += (case.page_size, case.num_q_heads // case.num_kv_heads)
+    return key
+
+
+def modules_needed(cases, skip_impls=()) -> list[tuple]:
+    """(impl, a one-page case) per FlashInfer module the cases will load: running the peer on the
+    small case loads the module the timed case will."""
+    needed = {}
     for case in cases:
-        if case.kind == "decode":
-            needed.add(("decode", case.dtype, case.head_dim))
-        elif case.kind in ("prefill", "mixed"):
-            needed.add(("prefill", case.dtype, case.head_dim))
-    return sorted(needed)
+        for impl in PEERS:
+            key = module_key(impl, case)
+            if key is not None and impl not in skip_impls:
+                q_len = 1 if case.kind == "decode" else case.page_size
+                small = dataclasses.replace(case, name=f"one page of {case.name}",
+                                            seqs=((q_len, case.page_size),))  # fmt: skip
+                needed.setdefault(key, (impl, small))
+    return [needed[key] for key in sorted(needed)]
 
 
-def prebuild(modules: list[tuple[str, str, int]]) -> dict:
-    """Load (JIT-building where needed) each module by planning a one-page problem; concurrently.
+def prebuild(modules: list[tuple]) -> dict:
+    """Load (JIT-building where needed) each module by running its peer once on its one-page case;
+    concurrently.
 
     Each build is its own ninja process; MAX_JOBS (when unset) splits twice the host's cores among
     the builds, so that memory stays bounded while the cores stay busy.
@@ -182,41 +306,24 @@ def prebuild(modules: list[tuple[str, str, int]]) -> dict:
     if not modules:
         return {"modules": 0, "seconds": 0.0, "errors": []}
     os.environ.setdefault("MAX_JOBS", str(max(2, -(-2 * (os.cpu_count() or 8) // len(modules)))))
-    import flashinfer
-
-    backend = prefill_backend()
+    env = BenchEnv(True)
 
     def load(module) -> str | None:
-        kind, dtype_name, head_dim = module
-        dtype = getattr(torch, dtype_name)
-        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-        indptr = torch.tensor([0, 1], dtype=torch.int32)
-        indices = torch.tensor([0], dtype=torch.int32)
-        last = torch.tensor([16], dtype=torch.int32)
+        impl, case = module
         try:
-            if kind == "decode":
-                wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                    workspace, "NHD", use_tensor_cores=True
-                )
-                wrapper.plan(indptr, indices, last, 8, 8, head_dim, 16, q_data_type=dtype,
-                             kv_data_type=dtype)  # fmt: skip
-            else:
-                wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                    workspace, "NHD", backend=backend
-                )
-                wrapper.plan(torch.tensor([0, 16], dtype=torch.int32), indptr, indices, last, 8,
-                             8, head_dim, 16, causal=True, q_data_type=dtype,
-                             kv_data_type=dtype)  # fmt: skip
+            PEERS[impl][1](env, case, [build_inputs(case, env.device, seed=0)]).calls[0]()
+            torch.cuda.synchronize()  # the call ran to its end on the device, or failed here
+        except NotApplicable:  # e.g. XQA on a GPU it does not build for: its rows say so
+            return None
         except Exception as error:
-            return f"{kind} {dtype_name} D{head_dim}: {type(error).__name__}: {str(error)[-300:]}"
+            return f"{impl} {case.name}: {type(error).__name__}: {str(error)[-300:]}"
         return None
 
     start = time.time()
     with ThreadPoolExecutor(max_workers=len(modules)) as pool:
         errors = [e for e in pool.map(load, modules) if e]
-    torch.cuda.synchronize()
     return {"modules": len(modules), "seconds": time.time() - start, "errors": errors,
-            "max_jobs": os.environ["MAX_JOBS"], "prefill_backend": backend}  # fmt: skip
+            "max_jobs": os.environ["MAX_JOBS"]}  # fmt: skip
 
 
 def _dirs() -> tuple[Path, Path]:

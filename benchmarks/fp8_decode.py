@@ -19,14 +19,23 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 from benchmarks import environment, flashinfer_peer
-from benchmarks.cases import Case, build_inputs, decode_case, rel_l2
+from benchmarks.cases import (
+    FP8,
+    K_SCALE,
+    V_SCALE,
+    Case,
+    build_inputs,
+    decode_case,
+    fp8_copy,
+    kv_scales,
+    rel_l2,
+)
 from benchmarks.ceilings import measure_ceilings
+from benchmarks.runners import BenchEnv
 from benchmarks.timing import release_cached_memory, time_torch
 
-K_SCALE, V_SCALE = 2.0**-5, 2.0**-4
 SPEEDUP_TARGET, FLOOR_TARGET = 1.8, 0.9
 SHORT_NAMES = {"bfloat16": "bf16", "float16": "f16"}
 CASES = {
@@ -39,41 +48,6 @@ CASES = {
         decode_case(32, 4096, (32, 8), head_dim=256),
     )
 }
-
-
-def fp8_copy(inputs: dict) -> tuple[dict, dict]:
-    """(fp8 inputs, 16-bit inputs whose cache holds exactly the fp8 values times the scales)."""
-    import torch
-
-    kv = inputs["kv_cache"].float()
-    kv[:, :, 0::2] /= K_SCALE
-    kv[:, :, 1::2] /= V_SCALE
-    fp8 = kv.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    del kv
-    exact = fp8.to(inputs["query"].dtype)
-    exact[:, :, 0::2] *= K_SCALE  # powers of two: exact in 16 bits
-    exact[:, :, 1::2] *= V_SCALE
-    return {**inputs, "kv_cache": fp8}, {**inputs, "kv_cache": exact}
-
-
-def flashinfer_runner(case: Case, copies: list[dict], kv_dtype):
-    """Calls of FlashInfer's tensor-core decode over the copies (plan once, on the host)."""
-    import torch
-
-    flashinfer = flashinfer_peer._flashinfer(SimpleNamespace(on_gpu=True))
-    indptr, indices, last_page_len = flashinfer_peer.page_metadata(case, copies[0])
-    workspace = torch.zeros(flashinfer_peer.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
-    wrapper.plan(indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, q_data_type=getattr(torch, case.dtype),
-                 kv_data_type=kv_dtype, sm_scale=case.head_dim**-0.5)  # fmt: skip
-    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE} if kv_dtype == torch.float8_e4m3fn else {}
-    calls = []
-    for c in copies:
-        kv = flashinfer_peer.kv_views(c["kv_cache"])
-        out = torch.empty_like(c["query"])
-        calls.append(lambda q=c["query"], kv=kv, out=out: wrapper.run(q, kv, out=out, **scales))
-    return calls
 
 
 def run_case(case: Case, read_gbps: float, samples: int) -> dict:
@@ -95,22 +69,22 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
         op = torch.ops.xla_gpu.paged_attention
         return [lambda c=c: op(**c, scale=scale, **scales) for c in copies]
 
-    fp8_scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    fp8_case = dataclasses.replace(case, kv_dtype=FP8)
     rows: dict[str, dict] = {}
     outputs = {}
     wide = SHORT_NAMES[case.dtype]  # the 16-bit cache's rows: ours_bf16 / ours_f16, ...
     for name, calls in ((f"ours_{wide}", ours_calls(wide_copies, {})),
-                        ("ours_fp8", ours_calls(fp8_copies, fp8_scales))):  # fmt: skip
+                        ("ours_fp8", ours_calls(fp8_copies, kv_scales(fp8_case)))):  # fmt: skip
         outputs[name] = calls[0]().float()
         rows[name] = {"median_us": time_torch(calls, samples=samples).median_us}
-    for name, copies, kv_dtype in ((f"flashinfer_{wide}", wide_copies, getattr(torch, case.dtype)),
-                                   ("flashinfer_fp8", fp8_copies, torch.float8_e4m3fn)):  # fmt: skip
+    for name, peer_case, copies in ((f"flashinfer_{wide}", case, wide_copies),
+                                    ("flashinfer_fp8", fp8_case, fp8_copies)):  # fmt: skip
         reason = flashinfer_peer.unavailable()
         if reason is not None:
             rows[name] = {"skipped": reason}
             continue
         try:
-            calls = flashinfer_runner(case, copies, kv_dtype)
+            calls = flashinfer_peer.prepare_decode(BenchEnv(True), peer_case, copies).calls
             outputs[name] = calls[0]().float()
             rows[name] = {"median_us": time_torch(calls, samples=samples).median_us}
         except Exception as error:  # a peer that cannot run this case is recorded, not fatal

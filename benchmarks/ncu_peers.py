@@ -13,7 +13,7 @@ FlashInfer's plan() runs before, on the host, as in the benchmark.
 from __future__ import annotations
 
 from benchmarks import flashinfer_peer, ours
-from benchmarks.cases import OPERANDS, all_cases, build_inputs, scale_of
+from benchmarks.cases import all_cases, build_inputs, op_attributes, op_operands
 from benchmarks.runners import BenchEnv
 
 
@@ -29,12 +29,11 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"no decode / prefill / mixed case matches {argv}")
     for case in cases:
         inputs = build_inputs(case, "cuda", seed=1)
-        args = [inputs[name] for name in OPERANDS]
         prepare = (flashinfer_peer.prepare_decode if case.kind == "decode"
                    else flashinfer_peer.prepare_prefill)  # fmt: skip
         impls = {
-            "ours": lambda args=args, case=case: ours.op_paged_attention(
-                *args, scale=scale_of(case)
+            "ours": lambda inputs=inputs, case=case: ours.op_paged_attention(
+                **op_operands(inputs), **op_attributes(case)
             ),
             "flashinfer": prepare(env, case, [inputs]).calls[0],
         }
@@ -49,6 +48,6 @@ def main(argv: list[str]) -> int:
             torch.cuda.nvtx.range_pop()
         torch.cuda.profiler.stop()
         print(f"profiled {case.name}: {', '.join(impls)}", flush=True)
-        del inputs, args, impls
+        del inputs, impls
         torch.cuda.empty_cache()
     return 0

@@ -100,12 +100,14 @@ def _cuda_kernel():
 
 # ------------------------------------------------------------------------------ JAX, torchax
 def jax_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                        *, scale: float) -> Any:  # fmt: skip
+                        *, scale: float, sliding_window=None, k_scale=None, v_scale=None,
+                        sinks=None) -> Any:  # fmt: skip
     from xla_gpu_ops import jax as xgo_jax
 
     return xgo_jax.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=scale
-    )
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=scale,
+        sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
+    )  # fmt: skip
 
 
 def jax_simple_add(a, b) -> Any:
@@ -124,13 +126,13 @@ def torchax_register() -> None:
 # ------------------------------------------------------------------------------ reference
 def reference_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
                               num_seqs, *, scale: float, compute_dtype=None, sliding_window=None,
-                              sinks=None):  # fmt: skip
+                              k_scale=None, v_scale=None, sinks=None):  # fmt: skip
     from xla_gpu_ops import reference
 
     kwargs = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
     return reference.paged_attention(
         query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-        sliding_window, sinks=sinks, **kwargs,
+        sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, sinks=sinks, **kwargs,
     )  # fmt: skip
 
 

@@ -17,8 +17,13 @@ Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the sa
         jax_pallas_paged       jax.experimental.pallas.ops.gpu.paged_attention (decode)
         jax_composite          XLA-native gather + einsum + softmax (decode)
         flashinfer_decode      FlashInfer batch decode, paged KV, tensor cores (benchmarks/flashinfer_peer.py)
+        flashinfer_xqa         FlashInfer's XQA decode (vLLM's decode kernel on Hopper)
         flashinfer_prefill     FlashInfer batch prefill, paged KV, FA3 on sm_90 (prefill, mixed)
         reference              xla_gpu_ops.reference on the CPU (smoke runs only)
+
+A case's variant (cases.Case.features: an fp8 cache, sinks, a sliding window) goes to ours and
+the reference as attributes and the sinks operand (cases.op_attributes, op_operands) and to
+FlashInfer as its own arguments; a peer without the feature is not applicable, and says so.
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks import flashinfer_peer, ours
-from benchmarks.cases import OPERANDS, Case, scale_of
+from benchmarks.cases import (
+    FP8_FEATURE,
+    SINKS_FEATURE,
+    WINDOW_FEATURE,
+    Case,
+    dequantise_kv,
+    op_attributes,
+    op_operands,
+    scale_of,
+)
 from benchmarks.runners import BenchEnv, NotApplicable, Runner, canon
 
 # XLA options per compile (jax.jit compiler_options). XLA's defaults (jax 0.11 / XLA 2026) record
@@ -53,6 +67,14 @@ def _is_overhead(case: Case) -> bool:
     return case.kind in ("simple_add", "overhead_decode")
 
 
+def _refuse_features(case: Case, *supported: str, reasons: dict | None = None) -> None:
+    """NotApplicable naming the case's features (Case.features) this peer lacks, and why where
+    `reasons` (feature -> text) says."""
+    missing = [feature for feature in case.features if feature not in supported]
+    if missing:
+        raise NotApplicable("; ".join((reasons or {}).get(f, f"cannot take {f}") for f in missing))
+
+
 # ------------------------------------------------------------------------------ ours: torch
 def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool = True) -> Runner:
     if not env.on_gpu:
@@ -62,11 +84,11 @@ def prepare_xgo_torch(env: BenchEnv, case: Case, copies: list[dict], graph: bool
         def make(c):
             return lambda: ours.op_simple_add(c["a"], c["b"])
     else:
-        scale = scale_of(case)
+        attrs = op_attributes(case)
 
         def make(c):
-            args = [c[name] for name in OPERANDS]
-            return lambda: ours.op_paged_attention(*args, scale=scale)
+            operands = op_operands(c)
+            return lambda: ours.op_paged_attention(**operands, **attrs)
 
     calls = [make(c) for c in copies]
     return Runner("torch", lambda: canon(calls[0]()), calls=calls, graph=graph)
@@ -123,14 +145,16 @@ def _first(result):
 def _xgo_jax_op(env: BenchEnv, case: Case):
     if case.kind == "simple_add":
         return lambda a, b: _first(ours.jax_simple_add(a, b))
-    scale = scale_of(case)
-    return lambda q, s: _first(ours.jax_paged_attention(q, *s, scale=scale))
+    attrs = op_attributes(case)
+    return lambda q, s: _first(ours.jax_paged_attention(q, **s, **attrs))
 
 
 def _jax_sets(env: BenchEnv, case: Case, copies: list[dict]):
+    """(first query, per copy the other operands by name): the chain's carry and operand sets."""
     if case.kind == "simple_add":
         return env.to_jax(copies[0]["a"]), [env.to_jax(c["b"]) for c in copies]
-    sets = [tuple(env.to_jax(c[name]) for name in OPERANDS[1:]) for c in copies]
+    sets = [{name: env.to_jax(t) for name, t in op_operands(c).items() if name != "query"}
+            for c in copies]  # fmt: skip
     return env.to_jax(copies[0]["query"]), sets
 
 
@@ -157,15 +181,15 @@ def prepare_xgo_torchax(env, case, copies):
         jax_fn = torchax.interop.jax_view(ours.op_simple_add)
         op = jax_fn
     else:
-        scale = scale_of(case)
+        attrs = op_attributes(case)
 
-        def torch_fn(q, kv, lens, tables, starts, n):
-            return ours.op_paged_attention(q, kv, lens, tables, starts, n, scale=scale)
+        def torch_fn(q, **operands):
+            return ours.op_paged_attention(q, **operands, **attrs)
 
         jax_fn = torchax.interop.jax_view(torch_fn)
 
         def op(q, s):
-            return jax_fn(q, *s)
+            return jax_fn(q, **s)
 
     carry, sets = _jax_sets(env, case, copies)
     return _jax_runner(env, op, carry, sets, GRAPH_OPTIONS, "torchax jax_view, jitted, graphs on",
@@ -197,27 +221,41 @@ def _canon_dense(out4, case: Case):
     return canon(out4.transpose(1, 2).reshape(case.num_tokens, case.num_q_heads, case.head_dim))
 
 
+# Why SDPA (its fast kernels: flash, memory-efficient, cuDNN) does not take a variant's feature
+SDPA_LACKS = {
+    FP8_FEATURE: "SDPA reads no fp8 (torch_sdpa_contiguous reads a dequantised copy)",
+    SINKS_FEATURE: "SDPA has no sink logit: a padded key column and an explicit mask would time "
+    "another kernel",
+    WINDOW_FEATURE: "SDPA takes a window only as an explicit mask, which times another kernel",
+}
+
+
 def prepare_torch_sdpa_contiguous(env, case, copies):
     import torch.nn.functional as F
 
     if _paged_kind(case) not in ("decode", "prefill"):
         raise NotApplicable("dense SDPA needs a uniform batch")
+    _refuse_features(case, FP8_FEATURE, reasons=SDPA_LACKS)
     scale = scale_of(case)
     causal = case.seqs[0][0] > 1
     calls = []
     for c in copies:
         q4, tables, npp = _dense_layout(case, c)
-        k, v = (t.contiguous() for t in _gather_kv(case, c, tables, npp))
+        # SDPA reads no fp8: the values the fp8 cache stands for
+        cache = {"kv_cache": dequantise_kv(c["kv_cache"], q4.dtype)} if case.kv_fp8 else {}
+        k, v = (t.contiguous() for t in _gather_kv(case, {**c, **cache}, tables, npp))
         calls.append(lambda q4=q4, k=k, v=v: F.scaled_dot_product_attention(
             q4, k, v, is_causal=causal, scale=scale, enable_gqa=True))  # fmt: skip
+    dequantised = f", dequantised to {case.dtype}" if case.kv_fp8 else ""
     return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
-                  notes="K/V gathered once outside the timed region")  # fmt: skip
+                  notes=f"K/V gathered once outside the timed region{dequantised}")  # fmt: skip
 
 
 def prepare_torch_gather_sdpa(env, case, copies):
     import torch
     import torch.nn.functional as F
 
+    _refuse_features(case, reasons=SDPA_LACKS)
     scale = scale_of(case)
     if case.uniform:
         causal = case.seqs[0][0] > 1
@@ -278,6 +316,7 @@ def prepare_torch_flex_paged(env, case, copies):
 
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
+    _refuse_features(case)
     scale = scale_of(case)
     page, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
     # compiled (Triton) on a GPU; the CPU smoke run uses eager flex_attention (same code path)
@@ -329,6 +368,7 @@ def prepare_torch_flex_paged(env, case, copies):
 def prepare_jax_pallas_paged(env, case, copies):
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
+    _refuse_features(case)
     from jax.experimental.pallas.ops.gpu import paged_attention as pallas_pa
 
     jnp = env.jax.numpy
@@ -363,6 +403,7 @@ def prepare_jax_pallas_paged(env, case, copies):
 def prepare_jax_composite(env, case, copies):
     if _paged_kind(case) != "decode":
         raise NotApplicable("decode only (dense masks of prefill would not fit)")
+    _refuse_features(case)
     jax = env.jax
     jnp = jax.numpy
     scale = scale_of(case)
@@ -401,8 +442,8 @@ def prepare_reference(env, case, copies):
     if case.kind == "simple_add":
         calls = [lambda c=c: ours.reference_simple_add(c["a"], c["b"]) for c in copies]
     else:
-        scale = scale_of(case)
-        calls = [lambda c=c: ours.reference_paged_attention(*(c[n] for n in OPERANDS), scale=scale)
+        attrs = op_attributes(case)
+        calls = [lambda c=c: ours.reference_paged_attention(**op_operands(c), **attrs)
                  for c in copies]  # fmt: skip
     return Runner("torch", lambda: canon(calls[0]()), calls=calls)
 
@@ -468,9 +509,7 @@ IMPLS: tuple[ImplSpec, ...] = (
     ),
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
-    ImplSpec("flashinfer_decode", "peer", frozenset({"decode"}), False,
-             flashinfer_peer.prepare_decode),
-    ImplSpec("flashinfer_prefill", "peer", frozenset({"prefill", "mixed"}), False,
-             flashinfer_peer.prepare_prefill),
+    *(ImplSpec(name, "peer", kinds, False, prepare)
+      for name, (kinds, prepare) in flashinfer_peer.PEERS.items()),
     ImplSpec("reference", "peer", ALL, False, prepare_reference),
 )  # fmt: skip

@@ -39,17 +39,19 @@ import math
 
 from benchmarks import ours
 from benchmarks.cases import (
+    K_SCALE,
     OPERANDS,
+    V_SCALE,
     Case,
     build_inputs,
     decode_case,
+    fp8_copy,
     mixed_case,
     prefill_case,
     rel_l2,
     scale_of,
 )
 from benchmarks.ceilings import measure_ceilings
-from benchmarks.fp8_decode import K_SCALE, V_SCALE, fp8_copy
 from benchmarks.peers import prepare_torch_sdpa_contiguous
 from benchmarks.runners import BenchEnv, NotApplicable
 from benchmarks.timing import time_torch

@@ -63,13 +63,14 @@ def _peer(record: dict, names) -> tuple[str, dict] | None:
 
 def decode_target(record: dict) -> float:
     p = record["params"]
+    keys = min(p["context_max"], p.get("sliding_window") or p["context_max"])  # keys read
     if p["head_dim"] == 256:
         return 0.90
-    if p["batch"] == 1 and p["context_max"] >= 65536:
+    if p["batch"] == 1 and keys >= 65536:
         return 0.90
-    if p["batch"] == 1 and p["context_max"] >= 16384:
+    if p["batch"] == 1 and keys >= 16384:
         return 0.85
-    if p["context_max"] >= 4096:
+    if keys >= 4096:
         return 0.92
     return 0.75
 
@@ -313,7 +314,8 @@ def _overhead_verdict(record: dict) -> str:
 
 # ------------------------------------------------------------------------------ the table
 # Column heads of the implementations, in column order; FlashInfer's decode and prefill wrappers
-# share one column. Any other implementation that ran gets a column after these.
+# share one column, its XQA decode has its own. Any other implementation that ran gets a column
+# after these.
 COLUMNS = {
     "xgo_torch": "ours: torch op",
     "xgo_torch_nograph": "torch op, eager loop",
@@ -327,15 +329,20 @@ COLUMNS = {
     "jax_pallas_paged": "Pallas",
     "jax_composite": "XLA composite",
     "flashinfer": "FlashInfer",
+    "flashinfer_xqa": "FlashInfer XQA",
 }
+# How the "vs peers" column names each peer it checked ours against
+CROSS_CHECK_SHORT = {"flashinfer_decode": "FI", "flashinfer_prefill": "FI", "flashinfer_xqa": "XQA"}
 LEGEND = (
     "µs per call: the median, then ± half the p10-p90 spread in % of it; ours twice (the second "
     "timing after the /); `-`: not run on this row (slow peers run on the anchor and the key "
     "rows, FlexAttention on the anchor), n/a: does not cover it. floor = the bytes the op must "
     "move / the read bandwidth measured in the run; floor frac = floor / our first timing. "
-    "vs peers: relative L2 error of our output against FlashInfer's and SDPA's (every output is "
-    "also checked against a higher-precision reference). vs record: our time against the "
-    "record's (decode and mixed rows at its read bandwidth). FlashInfer plans on the host "
+    "vs peers: relative L2 error of our output against FlashInfer's (FI), its XQA decode's and "
+    "SDPA's (every output is also checked against a higher-precision reference). A row's name "
+    "holds its variant after the head dim: _fp8 (fp8 KV cache), _sinks (attention sinks), _w128 "
+    "(sliding window of 128 keys). vs record: our time against the record's (decode and mixed "
+    "rows at its read bandwidth). FlashInfer plans on the host "
     "(`plan()`, untimed: its design); ours has no host plan. Verdicts judge the slower timing."
 )
 
@@ -345,7 +352,7 @@ def _fmt(x, spec=".1f", none="-"):
 
 
 def _column(name: str) -> str:
-    return "flashinfer" if name.startswith("flashinfer") else name
+    return "flashinfer" if name in FLASHINFER else name
 
 
 def frac_floor(record: dict, entry: dict) -> float | None:
@@ -367,10 +374,10 @@ def _cell(entry: dict) -> str:
 
 
 def _cross_text(record: dict) -> str:
-    """Our output against FlashInfer's (FI) and SDPA's: check and relative L2 error."""
+    """Our output against FlashInfer's (FI), XQA's and SDPA's: check and relative L2 error."""
     parts = []
     for peer, c in (record.get("cross_check") or {}).get("against", {}).items():
-        short = "FI" if peer.startswith("flashinfer") else "SDPA"
+        short = CROSS_CHECK_SHORT.get(peer, "SDPA")
         if "rel_l2_err" in c:
             parts.append(f"{short} {c['check']} {c['rel_l2_err']:.0e}")
         elif str(c.get("reason", "")).startswith("not installed"):

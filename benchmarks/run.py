@@ -46,14 +46,15 @@ def write_run(results: dict, out_dir: Path) -> None:
 def prebuild_flashinfer(config: dict) -> dict | None:
     """Build FlashInfer's kernels for the selected cases before any timing (a subprocess, so that
     this process keeps no FlashInfer state); None where FlashInfer is not installed."""
-    if "flashinfer_decode" in config["skip_impls"] and "flashinfer_prefill" in config["skip_impls"]:
+    if set(flashinfer_peer.PEERS) <= set(config["skip_impls"]):
         return None
     reason = flashinfer_peer.unavailable()
     if reason is not None:
         print(f"FlashInfer {reason}: its rows say so", flush=True)
         return {"unavailable": reason}
     cmd = [sys.executable, "-m", "benchmarks", "flashinfer", "prebuild",
-           *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"]]  # fmt: skip
+           *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"],
+           "--skip-impls", *config["skip_impls"]]  # fmt: skip
     print("FlashInfer: loading or JIT-building its kernels for these cases ...", flush=True)
     start = time.time()
     timeout = None if config["deadline"] is None else max(30.0, config["deadline"] - time.time())

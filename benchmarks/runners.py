@@ -65,6 +65,11 @@ class BenchEnv:
         return self._jax
 
     def to_jax(self, tensor):
+        import torch
+
+        if tensor.dtype == torch.float8_e4m3fn:  # torch's DLPack export refuses float8 (2.9)
+            raw = self.jax.dlpack.from_dlpack(tensor.contiguous().view(torch.uint8))
+            return self.jax.lax.bitcast_convert_type(raw, self.jax.numpy.float8_e4m3fn)
         return self.jax.dlpack.from_dlpack(tensor.contiguous())
 
     def to_torch_cpu(self, array):

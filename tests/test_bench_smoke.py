@@ -121,20 +121,30 @@ def test_smoke_json_is_sane(smoke):
 
 
 def test_smoke_checks_ours_against_sdpa_and_flashinfer(smoke):
-    """Every paged row compares our output with SDPA's and FlashInfer's (or says why not)."""
+    """Every paged row compares our output with SDPA's, FlashInfer's and, on decode rows, XQA's
+    (or says why not): SDPA takes the fp8 row (a dequantised copy), not the sinks row."""
     _, results = smoke
+    cases = {c.name: c for c in smoke_cases()}
     for case in results["cases"]:
         if case["kind"] not in ("decode", "mixed", "prefill"):
             continue
         cross = case["cross_check"]
         assert cross["ours"] is not None, case["name"]
         sdpa = {k: v for k, v in cross["against"].items() if "sdpa" in k}
-        assert [v["check"] for v in sdpa.values()] == ["ok"], (case["name"], cross)
-        (fi,) = [v for k, v in cross["against"].items() if k.startswith("flashinfer")]
-        assert fi["check"] == "not run", (case["name"], fi)
-        assert fi["reason"], (case["name"], fi)
-        if importlib.util.find_spec("flashinfer") is None:
-            assert fi["reason"].startswith("not installed"), fi
+        if cases[case["name"]].sinks:
+            assert [v["check"] for v in sdpa.values()] == ["not run"], (case["name"], cross)
+            assert "no sink logit" in next(iter(sdpa.values()))["reason"], cross
+        else:
+            assert [v["check"] for v in sdpa.values()] == ["ok"], (case["name"], cross)
+        flashinfer = {k: v for k, v in cross["against"].items() if k.startswith("flashinfer")}
+        peers_of_kind = {"flashinfer_decode", "flashinfer_xqa"} if case["kind"] == "decode" else {
+            "flashinfer_prefill"}  # fmt: skip
+        assert set(flashinfer) == peers_of_kind, (case["name"], cross)
+        for fi in flashinfer.values():
+            assert fi["check"] == "not run", (case["name"], fi)
+            assert fi["reason"], (case["name"], fi)
+            if importlib.util.find_spec("flashinfer") is None:
+                assert fi["reason"].startswith("not installed"), fi
 
 
 def test_smoke_host_cost_row(smoke):
@@ -228,9 +238,13 @@ def test_quick_grid_keeps_required_rows():
         (c.batch, c.seqs[0][0], c.head_dim) for c in all_cases(quick=True) if c.kind == "prefill"
     }
     assert prefill == {(b, n, d) for b, n in ((1, 8192), (8, 2048)) for d in (64, 128, 256)}
-    assert len(flashinfer_peer.modules_needed(all_cases(quick=True))) == 6  # D 64/128/256 x 2
+    # a decode row of each new path: FlashInfer's and XQA's fp8 decode, sinks and a window
+    assert "decode_B32_ctx4k_h32-8_d128_fp8_p16" in names
+    assert "decode_B32_ctx4k_h64-8_d64_sinks_w128_p16" in names
+    # decode and prefill at D 64/128/256, fp8 decode, sink decode; XQA: 8 (dtype, D, page, group)
+    assert len(flashinfer_peer.modules_needed(all_cases(quick=True))) == 3 * 2 + 2 + 8
     full = all_cases(quick=False)
-    assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3
+    assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3 + 3
 
 
 def test_isolated_run_survives_a_dying_worker(tmp_path):
@@ -371,7 +385,7 @@ def test_isolated_run_moves_flex_to_a_fresh_worker(tmp_path):
     pytest.importorskip("torchax", reason="needs torchax")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", peers.FORCE_CLEAN_TORCH_ENV: "1"}
     cmd = [sys.executable, "-m", "benchmarks", "run", "--cpu", "--isolate", "--no-progress",
-           "--samples", "2", "--cases", "smoke_simple_add", "smoke_decode",
+           "--samples", "2", "--cases", "smoke_simple_add", "smoke_decode_B4_ctx100_h4-2_d64_p16",
            "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,0 +1,342 @@
+"""The benchmark's variant rows (fp8 KV cache, attention sinks, sliding window: gpt-oss's shapes)
+and the peers that take or refuse them, on the CPU: the cases' shapes, bytes and FLOPs, their
+inputs, what ours and each FlashInfer peer are given (its wrappers' and XQA's calls, recorded by a
+stand-in for the flashinfer module; its window; XQA's limits; its JIT modules) and why a peer
+says it is not applicable. Neither a GPU nor FlashInfer is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the harness builds inputs with torch")
+
+from benchmarks import case_runner, flashinfer_peer, peers, report  # noqa: E402
+from benchmarks.cases import (  # noqa: E402
+    ANCHOR,
+    FP8,
+    GPT_OSS_WINDOW,
+    K_SCALE,
+    V_SCALE,
+    Case,
+    all_cases,
+    build_inputs,
+    decode_case,
+    dequantise_kv,
+    fp8_cases,
+    fp8_copy,
+    gpt_oss_cases,
+    mixed_case,
+    op_attributes,
+    op_operands,
+    prefill_case,
+    quantise_kv,
+    select_cases,
+    smoke_cases,
+)
+
+
+def _by_name(cases):
+    return {case.name: case for case in cases}
+
+
+def test_a_name_does_not_pick_a_variant_with_its_plain_row():
+    """`--cases NAME` selects by substring: a variant's tag sits after the head dim, not at the
+    end, so no variant's name holds another case's, and no other name holds a variant's."""
+    for pool in (all_cases(quick=False), smoke_cases()):
+        for case in pool:
+            others = [c for c in select_cases(pool, [case.name]) if c != case]
+            assert not any(c.features for c in others), (case.name, others)
+            if case.features:
+                assert others == [], case.name
+
+
+def test_fp8_rows_mirror_the_16_bit_ones():
+    full = _by_name(all_cases(quick=False))
+    for name in ("decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16",
+                 "prefill_B1_len8k_h32-8_d128_p16", "mixed_4prefill_60decode_h32-8_d128_p16"):  # fmt: skip
+        wide, fp8 = full[name], full[name.replace("_p16", "_fp8_p16")]
+        assert (
+            dataclasses.replace(wide, name=fp8.name, kv_dtype=FP8, slow_peers=fp8.slow_peers) == fp8
+        )
+        assert fp8.kv_fp8
+        assert fp8.features == ("an fp8 KV cache",)
+        assert fp8.kv_token_bytes * 2 == wide.kv_token_bytes  # one byte a value
+        q_out = 2 * wide.num_tokens * wide.num_q_heads * wide.head_dim * 2  # 16-bit q and out
+        kv = sum(ctx for _, ctx in wide.seqs) * fp8.kv_token_bytes
+        assert fp8.bytes_needed() == wide.bytes_needed() - kv  # the KV bytes halve, nothing else
+        assert fp8.bytes_needed() - kv - q_out < 1e6  # metadata
+        assert fp8.flops() == wide.flops()
+        assert fp8.params()["kv_dtype"] == FP8
+    assert "kv_dtype" not in full[ANCHOR].params()  # a plain row's record stays as it was
+    assert full["decode_B32_ctx4k_h32-8_d128_fp8_p16"].slow_peers is False  # not the anchor
+    assert fp8_cases()[0].name in _by_name(all_cases(quick=True))  # the fp8 anchor
+
+
+@pytest.mark.parametrize("window", [None, GPT_OSS_WINDOW])
+def test_gpt_oss_rows(window):
+    """Hq 64 / Hkv 8, D 64, sinks; decode B32 x 4k, prefill B8 x 2k, the mixed batch."""
+    rows = gpt_oss_cases(window)
+    assert [c.kind for c in rows] == ["decode", "prefill", "mixed"]
+    tail = "_sinks" + (f"_w{window}" if window else "")
+    for case in rows:
+        assert (case.num_q_heads, case.num_kv_heads, case.head_dim) == (64, 8, 64)
+        assert case.sinks
+        assert case.sliding_window == window
+        assert case.name.endswith(f"_h64-8_d64{tail}_p16"), case.name
+        assert case.params()["sinks"] is True
+        assert case.params().get("sliding_window") == window
+    decode, prefill, mixed = rows
+    assert decode.seqs == ((1, 4096),) * 32
+    assert prefill.seqs == ((2048, 2048),) * 8
+    assert mixed.seqs == mixed_case().seqs  # the plain mixed batch's sequences
+    assert set(_by_name(rows)) <= set(_by_name(all_cases(quick=False)))
+
+
+def test_a_window_cuts_the_bytes_and_the_flops_of_what_it_hides():
+    full, window = gpt_oss_cases(None), gpt_oss_cases(GPT_OSS_WINDOW)
+    decode_full, decode_window = full[0], window[0]
+    kv_token = 2 * 8 * 64 * 2
+    assert decode_full.bytes_needed() - decode_window.bytes_needed() == 32 * (4096 - 128) * kv_token
+    assert decode_window.flops() * 32 == decode_full.flops()  # 128 of 4096 keys
+    # a prefill reads every key (the last query sees the newest 128, the first the oldest)
+    assert full[1].bytes_needed() == window[1].bytes_needed()
+    # FLOPs: every (query, key) pair the mask keeps, counted one by one on small sequences
+    for q_len, ctx, w in ((5, 5, 3), (7, 20, 4), (1, 9, 16), (6, 6, 6), (3, 10, None)):
+        case = Case("c", "mixed", ((q_len, ctx),), 2, 1, 16, sliding_window=w)
+        pairs = sum(1 for r in range(q_len) for k in range(ctx)
+                    if k <= ctx - q_len + r and (w is None or k > ctx - q_len + r - w))  # fmt: skip
+        assert case.flops() == 4 * pairs * 2 * 16, (q_len, ctx, w)
+        assert case.visible_keys(q_len, ctx) == len({k for r in range(q_len) for k in range(ctx)
+                                                     if k <= ctx - q_len + r
+                                                     and (w is None or k > ctx - q_len + r - w)})  # fmt: skip
+    # the decode floor target follows the keys read, not the context
+    record = {"params": {**decode_window.params(), "context_max": 4096}}
+    assert report.decode_target(record) == 0.75
+    assert report.decode_target({"params": decode_full.params()}) == 0.92
+
+
+def test_variant_inputs_and_what_ours_is_given():
+    plain = decode_case(2, 40, (4, 2), head_dim=64)
+    fp8 = decode_case(2, 40, (4, 2), head_dim=64, kv_dtype=FP8)
+    first = build_inputs(fp8, "cpu", seed=1)
+    # the fp8 row's cache is the 16-bit row's, quantised as the fp8 probe and tool do
+    quantised, exact = fp8_copy(build_inputs(plain, "cpu", seed=1))
+    assert first["kv_cache"].dtype == torch.float8_e4m3fn
+    assert torch.equal(first["kv_cache"].view(torch.uint8), quantised["kv_cache"].view(torch.uint8))
+    assert torch.equal(first["query"], quantised["query"])
+    # the scales are powers of two: the 16-bit twin holds exactly what the fp8 cache means
+    back = quantise_kv(exact["kv_cache"])
+    assert torch.equal(back.view(torch.uint8), first["kv_cache"].view(torch.uint8))
+    assert torch.equal(exact["kv_cache"], dequantise_kv(first["kv_cache"], torch.bfloat16))
+    assert "sinks" not in first
+    assert op_attributes(fp8) == {"scale": 64**-0.5, "sliding_window": None, "k_scale": K_SCALE,
+                                  "v_scale": V_SCALE}  # fmt: skip
+    sinks = mixed_case((4, 2), 64, sinks=True, sliding_window=8)
+    sinks = dataclasses.replace(sinks, seqs=((9, 9), (1, 30)))
+    inputs = build_inputs(sinks, "cpu", seed=1)
+    meta = {k: v for k, v in inputs.items() if k not in ("query", "kv_cache")}
+    again = build_inputs(sinks, "cpu", seed=2, metadata=meta)
+    assert inputs["sinks"].shape == (4,)
+    assert inputs["sinks"].dtype == torch.float32
+    assert again["sinks"] is inputs["sinks"]  # one set of sinks for every copy
+    assert inputs["kv_cache"].dtype == torch.bfloat16
+    assert op_attributes(sinks) == {"scale": 64**-0.5, "sliding_window": 8}
+    assert list(op_operands(inputs)) == ["query", "kv_cache", "context_lens", "block_tables",
+                                         "query_start_loc", "num_seqs", "sinks"]  # fmt: skip
+    assert "sinks" not in op_operands(first)
+
+
+def test_peers_say_why_they_do_not_take_a_variant():
+    env = peers.BenchEnv(False)
+    fp8 = decode_case(2, 40, (4, 2), head_dim=64, kv_dtype=FP8)
+    sinks = decode_case(2, 40, (4, 2), head_dim=64, sinks=True, sliding_window=8)
+    expected = {
+        ("torch_sdpa_contiguous", sinks): "SDPA has no sink logit",
+        ("torch_gather_sdpa", fp8): "SDPA reads no fp8",
+        ("torch_gather_sdpa", sinks): "SDPA takes a window only as an explicit mask",
+        ("torch_flex_paged", fp8): "cannot take an fp8 KV cache",
+        ("jax_pallas_paged", sinks): "cannot take attention sinks; cannot take a sliding window",
+        ("jax_composite", fp8): "cannot take an fp8 KV cache",
+    }
+    specs = {spec.name: spec for spec in peers.IMPLS}
+    for (name, case), reason in expected.items():
+        copies = [build_inputs(case, "cpu", seed=1)]
+        with pytest.raises(peers.NotApplicable, match=reason):
+            specs[name].prepare(env, case, copies)
+    # SDPA on contiguous K/V takes the fp8 row: it reads the values the cache stands for
+    runner = specs["torch_sdpa_contiguous"].prepare(env, fp8, [build_inputs(fp8, "cpu", seed=1)])
+    assert "dequantised to bfloat16" in runner.notes
+    assert runner.output().shape == (2, 4, 64)
+
+
+def test_flashinfer_peers_and_their_modules():
+    assert [s.name for s in peers.IMPLS if s.name.startswith("flashinfer")] == [
+        "flashinfer_decode", "flashinfer_xqa", "flashinfer_prefill"]  # fmt: skip
+    window, plain = gpt_oss_cases(GPT_OSS_WINDOW)[0], gpt_oss_cases(None)[0]
+    # ours: keys p > pos - w are visible, w of them; FlashInfer: pos - p <= window_left
+    assert flashinfer_peer.window_left(window) == GPT_OSS_WINDOW - 1
+    assert flashinfer_peer.window_left(plain) == -1
+    # XQA compiles page size and group into its kernel; the tensor-core decode does not
+    xqa = flashinfer_peer.module_key("flashinfer_xqa", window)
+    assert xqa == ("flashinfer_xqa", "bfloat16", "bfloat16", 64, True, True, 16, 8)
+    assert flashinfer_peer.module_key("flashinfer_decode", window)[-2:] == (True, True)
+    assert flashinfer_peer.module_key("flashinfer_prefill", window) is None  # a decode row
+    # every module is built from a one-page case that picks the same module
+    for impl, small in flashinfer_peer.modules_needed(all_cases(quick=False)):
+        assert small.batch == 1
+        assert small.seqs[0][1] == small.page_size
+        source = next(c for c in all_cases(quick=False) if small.name == f"one page of {c.name}")
+        assert flashinfer_peer.module_key(impl, small) == flashinfer_peer.module_key(impl, source)
+    assert not flashinfer_peer.modules_needed(all_cases(quick=True), set(flashinfer_peer.PEERS))
+    # each fp8 row and each sink / window variant has its module
+    keys = {flashinfer_peer.module_key(i, s) for i, s in flashinfer_peer.modules_needed(
+        all_cases(quick=False))}  # fmt: skip
+    for impl in flashinfer_peer.PEERS:
+        for case in (*fp8_cases(), *gpt_oss_cases(None), *gpt_oss_cases(GPT_OSS_WINDOW)):
+            key = flashinfer_peer.module_key(impl, case)
+            assert key is None or key in keys, (impl, case.name)
+
+
+def test_xqa_takes_every_decode_row_and_says_what_it_cannot():
+    for case in all_cases(quick=False):
+        if case.kind == "decode":
+            assert flashinfer_peer.xqa_unsupported(case) is None, case.name
+    anchor = decode_case(32, 4096, (32, 8))
+    for change, words in (({"dtype": "float32"}, "float16 or bfloat16 queries"),
+                          ({"page_size": 8}, "pages of 16 / 32 / 64 / 128 tokens, not 8"),
+                          ({"head_dim": 72}, "multiple of 16 up to 256, not 72"),
+                          ({"head_dim": 512}, "not 512")):  # fmt: skip
+        case = dataclasses.replace(anchor, **change)
+        assert words in flashinfer_peer.xqa_unsupported(case)
+        assert flashinfer_peer.module_key("flashinfer_xqa", case) is None
+        with pytest.raises(peers.NotApplicable, match=words.split(",")[0]):
+            flashinfer_peer.prepare_xqa(peers.BenchEnv(False), case, [])
+    assert flashinfer_peer.module_key("flashinfer_xqa", prefill_case(8, 2048)) is None
+
+
+def test_xqa_on_an_fp8_cache_is_checked_with_its_own_tolerance():
+    """XQA multiplies in fp8 on an fp8 cache: a 5e-2 difference from ours passes there only."""
+    fp8, wide = fp8_cases()[0], decode_case(32, 4096, (32, 8))
+    ours = torch.ones(8, 4, 16)
+    theirs = ours * (1 + 5e-2)
+    outputs = {"xgo_torch": ours, "flashinfer_decode": ours, "flashinfer_xqa": theirs}
+    record = {"impls": {name: {"status": "ok"} for name in outputs}}
+    for case, verdict in ((fp8, "ok"), (wide, "MISMATCH")):
+        cross = case_runner.cross_check(record, outputs, lambda peer, case=case:
+                                        case_runner._tolerance(case, peer))  # fmt: skip
+        assert cross["against"]["flashinfer_xqa"]["check"] == verdict
+        assert cross["against"]["flashinfer_decode"]["check"] == "ok"
+    text = report._cross_text({"cross_check": cross})
+    assert text.startswith("FI ok 0e+00, XQA MISMATCH 5e-02")
+    assert report._column("flashinfer_xqa") == "flashinfer_xqa"  # a column of its own
+    assert report._column("flashinfer_prefill") == "flashinfer"
+
+
+class _Recorder:
+    """A stand-in for the flashinfer module: records each wrapper's construction, plan and run,
+    and each XQA call, as (what, args, kwargs)."""
+
+    def __init__(self):
+        self.calls = []
+        self.decode = type("decode", (), {"xqa_batch_decode_with_kv_cache": self._xqa})
+
+    def _xqa(self, *args, **kwargs):
+        self.calls.append(("xqa", args, kwargs))
+        return kwargs["out"]
+
+    def __getattr__(self, wrapper_name):
+        recorder = self
+
+        class Wrapper:
+            def __init__(self, *args, **kwargs):
+                recorder.calls.append((wrapper_name, args, kwargs))
+
+            def plan(self, *args, **kwargs):
+                recorder.calls.append(("plan", args, kwargs))
+
+            def run(self, *args, **kwargs):
+                recorder.calls.append(("run", args, kwargs))
+                return kwargs["out"]
+
+        return Wrapper
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(flashinfer_peer, "_flashinfer", lambda env: recorder)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # a Hopper
+    monkeypatch.setattr(flashinfer_peer, "WORKSPACE_BYTES", 1024)
+    monkeypatch.setattr(flashinfer_peer, "XQA_WORKSPACE_BYTES", 1024)
+    return recorder
+
+
+def _called(recorder, impl, case):
+    """Prepare `impl` on the case, make its first call; {what: (args, kwargs)} it called."""
+    copies = [build_inputs(case, "cpu", seed=1)]
+    recorder.calls.clear()
+    flashinfer_peer.PEERS[impl][1](peers.BenchEnv(False), case, copies).calls[0]()
+    return {what: (args, kwargs) for what, args, kwargs in recorder.calls}, copies[0]
+
+
+def test_flashinfer_calls_for_the_fp8_cache(fake_flashinfer):
+    fp8 = decode_case(2, 40, (4, 2), head_dim=64, kv_dtype=FP8)
+    scale = 64**-0.5
+    called, inputs = _called(fake_flashinfer, "flashinfer_decode", fp8)
+    _, kwargs = called["BatchDecodeWithPagedKVCacheWrapper"]
+    assert kwargs == {"use_tensor_cores": True}
+    _, plan = called["plan"]
+    assert plan == {"q_data_type": torch.bfloat16, "kv_data_type": torch.float8_e4m3fn,
+                    "sm_scale": scale, "window_left": -1}  # fmt: skip
+    (_, (k, _)), run = called["run"]
+    assert run["k_scale"] == K_SCALE
+    assert run["v_scale"] == V_SCALE
+    assert k.data_ptr() == inputs["kv_cache"].data_ptr()  # views of our cache
+    assert k.dtype == torch.float8_e4m3fn
+    # prefill: FA2 (FA3 reads fp8 K/V only with an fp8 query), the same scales
+    prefill = prefill_case(2, 32, 64, heads=(4, 2), kv_dtype=FP8)
+    called, _ = _called(fake_flashinfer, "flashinfer_prefill", prefill)
+    assert called["BatchPrefillWithPagedKVCacheWrapper"][1] == {"backend": "fa2"}
+    assert called["plan"][1]["causal"] is True
+    assert called["run"][1]["k_scale"] == K_SCALE
+    # XQA: logits x bmm1_scale, out x bmm2_scale
+    called, inputs = _called(fake_flashinfer, "flashinfer_xqa", fp8)
+    (_, (k, _), workspace, tables, lens, longest), xqa = called["xqa"]
+    assert k.data_ptr() == inputs["kv_cache"].data_ptr()
+    assert xqa["bmm1_scale"] == pytest.approx(scale * K_SCALE)
+    assert xqa["bmm2_scale"] == V_SCALE
+    assert xqa["window_left"] == -1
+    assert xqa["sinks"] is None
+    assert xqa["kv_layout"] == "NHD"
+    assert tables is inputs["block_tables"]
+    assert lens is inputs["context_lens"]
+    assert longest == 40
+    assert workspace.dtype == torch.uint8
+    assert not workspace.any()  # zeroed before its first use
+
+
+def test_flashinfer_calls_for_gpt_oss(fake_flashinfer):
+    decode, prefill, _ = gpt_oss_cases(GPT_OSS_WINDOW)
+    decode = dataclasses.replace(decode, seqs=((1, 300),) * 2)  # small, longer than the window
+    prefill = dataclasses.replace(prefill, seqs=((200, 200),) * 2)
+    for impl, case, backend in (("flashinfer_decode", decode, "fa2"),
+                                ("flashinfer_prefill", prefill, "fa3")):  # fmt: skip
+        called, inputs = _called(fake_flashinfer, impl, case)
+        _, made = called["BatchAttentionWithAttentionSinkWrapper"]  # the sink variant
+        assert made == {"backend": backend, "q_data_type": torch.bfloat16,
+                        "kv_data_type": torch.bfloat16, "head_dim_qk": 64, "head_dim_vo": 64,
+                        "window_left": GPT_OSS_WINDOW - 1}  # fmt: skip
+        assert called["plan"][1]["window_left"] == GPT_OSS_WINDOW - 1
+        (_, _, sinks, scale), run = called["run"]
+        assert sinks is inputs["sinks"]
+        assert scale == 64**-0.5
+        assert "k_scale" not in run
+    called, inputs = _called(fake_flashinfer, "flashinfer_xqa", decode)
+    xqa = called["xqa"][1]
+    assert xqa["sinks"] is inputs["sinks"]
+    assert xqa["window_left"] == GPT_OSS_WINDOW - 1
+    assert xqa["bmm1_scale"] == 64**-0.5
+    assert xqa["bmm2_scale"] == 1.0

@@ -58,6 +58,7 @@ SANITIZED+=" or (sm90_and_mma_prefill_kernels_agree and 128) or whole_page_reads
 SANITIZED+=" or (fp8_cache_dtypes_head_dims and bfloat16) or bad_sequence_with_fp8_or_sinks"
 SANITIZED+=" or split_parts_weigh"  # every writer of KV split parts, and both merges
 SANITIZED+=" or persistent_blocks_poison"  # poisoned items among persistent sm_90a items
+SANITIZED+=" or (fp8_cache_prefill_tile_edges and 64 and 12) or (fp8_cache_short_sequences and 2000)"
 SANITIZED+=" or (head_dim_256_tiles and 12-4) or head_dim_256_bad_page"  # 32-key D = 256 decode tiles
 # the KV-cache write kernel (with a slot past the cache) and the scales, from the serving tests
 SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"

@@ -9,7 +9,8 @@
 // head): one item per block, or, in a persistent launch (one block per SM), the block's first
 // item and then whichever item is next (NextPrefillItem). The producer runs ahead into the next
 // item (its lookup, Q into the other Q buffer, its first K/V tiles; with one Q buffer, at
-// D = 256, the lookup and first K tile) while the consumers finish the current one.
+// D = 256 and for an fp8 cache at D = 128, the lookup and first K tile) while the consumers
+// finish the current one.
 //   warpgroup 0, producer (56 registers after setmaxnreg, 40 at D = 256, 32 beside three
 //     consumers): thread 0 looks the items up and publishes them in shared memory (Sm90Item);
 //     Q by TMA from thread 0 (Sm90RowTensorMaps; by the warpgroup's cp.async where the launch
@@ -89,12 +90,14 @@ struct Sm90PrefillConfig {
   // The tables, the barriers with two Q buffers, the alignment slack.
   static constexpr int kTableAndBarrierBytes =
       kSlotBuffers * kBlockN * 8 + (2 * (2 + kKStages + kVStages) + kStagingBuffers) * 8 + 1024;
-  // Q buffers: two where they fit (D <= 128), so a persistent block's producer loads the next
-  // item's Q while the consumers still read the current one (or stage their output in it).
+  // Q buffers: two where they fit (D = 64, and D = 128 with a 16-bit cache), so a persistent
+  // block's producer loads the next item's Q while the consumers still read the current one (or
+  // stage their output in it).
   static constexpr int kQStages =
       2 * kQBytes + kKvBytes + kTableAndBarrierBytes <= 227 * 1024 ? 2 : 1;
-  // One Q buffer (D = 256): the producer looks the next item up and issues its first K tile while
-  // the consumers still work on the current one, and waits for the buffer only to issue Q.
+  // One Q buffer (D = 256, fp8 at D = 128): the producer looks the next item up and issues its
+  // first K tile while the consumers still work on the current one, and waits for the buffer
+  // only to issue Q.
   static constexpr bool kQAfterFirstK = kQStages == 1;
   static constexpr int kQOffset = 0;  // buffer b at kQOffset + b * kQBytes
   static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
@@ -416,12 +419,12 @@ struct Sm90KeyWalk {
 // (the last one or two of a block, or every tile without a tensor map) is gathered by cp.async:
 // every thread writes its key's cache offset into a table in shared memory (Sm90KeyWalk) and,
 // after a warpgroup barrier, copies chunk t % kChunksPerRow of rows t / kChunksPerRow + k
-// kRowsPerPass, zero-filling keys past the end. (Measured on an H100, B1 x 8k, D 128: with cp.async alone the producer's per-row
-// instructions bounded the kernel, 1445 us, against 989 us with the loads removed.) The tables
-// rotate through 3 buffers: V of step i - 1 still reads table i - 1 while table i + 1 is written,
-// and a thread writing table i + 2 has passed the barrier of step i + 1, which every thread reaches
-// only after its copies of step i (K_i, V_{i-1}); the barriers between items (Sm90ProducerBlock)
-// keep that order across them.
+// kRowsPerPass, zero-filling keys past the end. (Measured on an H100, B1 x 8k, D 128: with
+// cp.async alone the producer's per-row instructions bounded the kernel, 1445 us, against 989 us
+// with the loads removed.) The tables rotate through 3 buffers: V of step i - 1 still reads table
+// i - 1 while table i + 1 is written, and a thread writing table i + 2 has passed the barrier of
+// step i + 1, which every thread reaches only after its copies of step i (K_i, V_{i-1}); the
+// barriers between items (Sm90ProducerBlock) keep that order across them.
 template <typename T, int kD, typename IssueQ>
 __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
                                                  const Sm90KvTensorMap& kv_map, const TileWork& w,

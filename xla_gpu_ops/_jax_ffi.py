@@ -60,8 +60,11 @@ def _dtype_name(x: Any) -> str:
 
 def present(operands: Sequence[Any]) -> list:
     """The operands with each optional one left out (None) as an empty float32 [0] array, which
-    the library reads as absent: every custom call of an op has the same operands."""
-    return [np.zeros((0,), ops.ABSENT_DTYPE) if x is None else x for x in operands]
+    the library reads as absent: every custom call of an op has the same operands. The stand-in
+    is made by jnp.zeros, so under a trace it is an operation of the program, never a constant:
+    jax 0.11.2 hoists constants of a shard_map body into the map's operands, and an empty array
+    there crashed XLA's GPU compiler on two GPUs."""
+    return [jnp.zeros((0,), ops.ABSENT_DTYPE) if x is None else x for x in operands]
 
 
 def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str = "ffi"):

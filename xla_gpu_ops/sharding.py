@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -115,16 +114,14 @@ def shard_map_call(
     outs = output_specs(op, axis)
     attrs = dict(attrs)
     # An optional operand left out stays out of the map: each shard's call makes its own empty
-    # stand-in, computed inside the body. An empty array entering the map (split, or a constant
-    # that jax hoists into the map's operands) crashed XLA's GPU compiler on two GPUs (jax 0.11.2);
-    # so does an eager map, which runs the stand-in as a program of its own: the map is jitted.
+    # stand-in inside the body (_jax_ffi.present). An empty array entering the map (split, or as a
+    # program of its own in an eager map) crashed XLA's GPU compiler on two GPUs (jax 0.11.2): the
+    # map is jitted.
     given = [x is not None for x in operands]
 
     def local(*shards):
         it = iter(shards)
-        return _jax_ffi.call(
-            op, [next(it) if g else jnp.zeros((0,), ops.ABSENT_DTYPE) for g in given], attrs, abi
-        )
+        return _jax_ffi.call(op, [next(it) if g else None for g in given], attrs, abi)
 
     mapped = jax.shard_map(
         local,

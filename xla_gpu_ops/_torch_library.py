@@ -69,9 +69,9 @@ def _define(op: ops.Op) -> None:
                     f"{op.name}: {op.operands[i].name}: must be contiguous (it is updated in place)"
                 )
         _check_host_values(op, operands, attrs)  # host tensors: no sync involved
-        optional = dict(zip(op.optional_names, operands[op.num_required :], strict=True))
+        required, optional = op.split_optional(operands)
         # in place for mutating ops
-        return getattr(reference, op.name)(*operands[: op.num_required], **attrs, **optional)
+        return getattr(reference, op.name)(*required, **attrs, **optional)
 
     def fake_kernel(*args):
         operands, attrs = op.split_schema_args(args)

@@ -280,6 +280,12 @@ class Op:
             )
         return [*operands, *[None] * (len(self.operands) - len(operands))]
 
+    def split_optional(self, operands: Sequence[Any]) -> tuple[list, dict[str, Any]]:
+        """(required operands, {optional operand: value}) from operands in table order: how the
+        reference and the composite take them (optional operands by keyword)."""
+        n = self.num_required
+        return list(operands[:n]), dict(zip(self.optional_names, operands[n:], strict=True))
+
     def schema_args(self, operands: Sequence[Any], attrs: Mapping[str, Any]) -> list:
         """The positional arguments of the torch op: required operands, attribute values,
         optional operands (None where absent)."""

@@ -208,8 +208,8 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
 
 def composite_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) -> list:
     """The op's outputs from its composite (plain tensor ops, any device, functional)."""
-    optional = dict(zip(op.optional_names, operands[op.num_required :], strict=True))
-    outs = COMPOSITES[op.name](*operands[: op.num_required], **attrs, **optional)
+    required, optional = op.split_optional(operands)
+    outs = COMPOSITES[op.name](*required, **attrs, **optional)
     return list(outs) if isinstance(outs, tuple) else [outs]
 
 

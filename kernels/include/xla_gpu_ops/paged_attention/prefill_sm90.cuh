@@ -317,15 +317,19 @@ __device__ __forceinline__ void Sm90ConvertStaging(const unsigned char* staging,
   using Cfg = Sm90PrefillConfig<kD, true>;
   const int chunk = t % Cfg::kStagingChunksPerRow;
   const int upper_first = (chunk / 4) & 1;
+  // Rows one pass apart share their swizzle phase (a pass is a multiple of 8 rows): each row's
+  // addresses are the first row's plus a stride.
+  static_assert(Cfg::kStagingRowsPerPass % 8 == 0, "swizzle phase per pass");
+  const int row0 = t / Cfg::kStagingChunksPerRow;
+  const unsigned char* src = staging + row0 * kD + chunk * 16;
+  unsigned char* first = tile + SwizzledOffset<Cfg::kBlockN>(row0, 2 * chunk + upper_first);
+  unsigned char* second = tile + SwizzledOffset<Cfg::kBlockN>(row0, 2 * chunk + 1 - upper_first);
 #pragma unroll
   for (int i = 0; i < Cfg::kBlockN / Cfg::kStagingRowsPerPass; ++i) {
-    const int r = t / Cfg::kStagingChunksPerRow + i * Cfg::kStagingRowsPerPass;
     uint4 lo, hi;
-    Fp8x16To<T>(*reinterpret_cast<const uint4*>(staging + r * kD + chunk * 16), lo, hi);
-    *reinterpret_cast<uint4*>(tile + SwizzledOffset<Cfg::kBlockN>(r, 2 * chunk + upper_first)) =
-        upper_first ? hi : lo;
-    *reinterpret_cast<uint4*>(tile + SwizzledOffset<Cfg::kBlockN>(r, 2 * chunk + 1 - upper_first)) =
-        upper_first ? lo : hi;
+    Fp8x16To<T>(*reinterpret_cast<const uint4*>(src + i * Cfg::kStagingRowsPerPass * kD), lo, hi);
+    *reinterpret_cast<uint4*>(first + i * Cfg::kStagingRowsPerPass * 128) = upper_first ? hi : lo;
+    *reinterpret_cast<uint4*>(second + i * Cfg::kStagingRowsPerPass * 128) = upper_first ? lo : hi;
   }
 }
 

@@ -23,6 +23,9 @@ from benchmarks.environment import ROOT, device_slug
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 RECORD_FILES = ("README.md", "results.json", "table.md", "plot.png")
+# The kind's GPU checks outside the benchmark (test runs, sanitizers, probes), written by hand;
+# publishing keeps it and the README links it.
+CHECKS_FILE = "checks.md"
 # What a record keeps of a run: everything the table, the plot and the verdicts use, the numbers
 # the docs quote, and where the run happened; not the run's local paths, logs or method strings.
 CONFIG_KEYS = ("quick", "patterns", "skip_impls", "samples", "budget_gb", "time_limit_s")
@@ -124,7 +127,7 @@ def fill_skipped(results: dict, other: dict) -> list[str]:
     return filled
 
 
-def readme(record: dict) -> str:
+def readme(record: dict, checks: bool = False) -> str:
     env, ceil, config = record["env"], record["ceilings"], record.get("config") or {}
     gpu, lib, smi = env.get("gpu") or {}, env.get("library") or {}, env.get("nvidia_smi") or {}
     counts = record["verdicts"]
@@ -167,6 +170,9 @@ def readme(record: dict) -> str:
         lines.append(f"- {len(filled['cases'])} cases this run skipped at its time limit come "
                      f"from a second run of the same commit, library and device "
                      f"({filled['date_utc']}): " + ", ".join(filled["cases"]) + ".")  # fmt: skip
+    if checks:
+        lines.append(f"- GPU checks on this kind outside the benchmark (tests, sanitizers, "
+                     f"probes): [{CHECKS_FILE}]({CHECKS_FILE}).")  # fmt: skip
     lines += [
         "- Files: [table.md](table.md) (every case and implementation, the verdicts), "
         "[results.json](results.json) (the numbers, one case per line), [plot.png](plot.png); "
@@ -195,9 +201,9 @@ def results_md(results_dir: Path = RESULTS_DIR) -> str:
                     f"{str(env['git_commit'])[:7]} | {measured} of {len(data['cases'])} | "
                     f"{counts['met']} met, {counts['missed']} missed | "
                     f"[{folder.name}/]({folder.name}/README.md) |")  # fmt: skip
-    checks = [f"- [{path.parent.name}/]({path.parent.name}/README.md): "
+    checks = [f"- [{path.parent.name}/]({path.parent.name}/{CHECKS_FILE}): "
               f"{path.read_text().splitlines()[0].lstrip('# ')}"
-              for path in sorted(results_dir.glob("*/README.md"))
+              for path in sorted(results_dir.glob(f"*/{CHECKS_FILE}"))
               if not (path.parent / "results.json").exists()]  # fmt: skip
     return "\n".join([
         "# Benchmark records",
@@ -234,11 +240,11 @@ def publish(run_dir: Path, results_dir: Path = RESULTS_DIR, fill_dir: Path | Non
     dest = Path(results_dir) / device_slug(record["env"])
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.iterdir():
-        if old.name not in RECORD_FILES:
+        if old.name not in (*RECORD_FILES, CHECKS_FILE):
             shutil.rmtree(old) if old.is_dir() else old.unlink()
     (dest / "results.json").write_text(dumps(record))
     (dest / "table.md").write_text(report.table(record))
     report.plot(record, dest / "plot.png")
-    (dest / "README.md").write_text(readme(record))
+    (dest / "README.md").write_text(readme(record, checks=(dest / CHECKS_FILE).is_file()))
     (Path(results_dir) / "RESULTS.md").write_text(results_md(results_dir))
     return dest

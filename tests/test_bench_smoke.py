@@ -648,22 +648,28 @@ def test_publish_keeps_one_record_per_gpu_kind(tmp_path):
     assert record.current_record({"gpu": None}, results_dir) is None
 
 
-def test_index_lists_a_gpu_kind_with_checks_only(tmp_path):
-    """A folder with a README and no results.json (tests and probes, no benchmark run) is listed
-    under the records, by its README's title; publishing that kind's first run replaces it."""
+def test_a_gpu_kinds_checks_stay_beside_its_record(tmp_path):
+    """checks.md (tests and probes, written by hand): a kind with checks alone is listed by its
+    title; publishing the kind's first run keeps the file and links it from the README."""
     results_dir = tmp_path / "results"
     (results_dir / "nvidia-b200").mkdir(parents=True)
-    (results_dir / "nvidia-b200" / "README.md").write_text("# GPU checks: NVIDIA B200\n\ntests\n")
+    checks = "# GPU checks: NVIDIA B200\n\ntests\n"
+    (results_dir / "nvidia-b200" / record.CHECKS_FILE).write_text(checks)
     h100, _ = _gpu_run(tmp_path, "h100", device="NVIDIA H100 80GB HBM3")
     record.publish(h100, results_dir)
     index = (results_dir / "RESULTS.md").read_text()
     assert "| NVIDIA H100 80GB HBM3 |" in index
-    assert "- [nvidia-b200/](nvidia-b200/README.md): GPU checks: NVIDIA B200" in index
+    assert "- [nvidia-b200/](nvidia-b200/checks.md): GPU checks: NVIDIA B200" in index
+    assert "checks.md" not in (results_dir / "nvidia-h100-80gb-hbm3" / "README.md").read_text()
     b200, _ = _gpu_run(tmp_path, "b200", device="NVIDIA B200")
     record.publish(b200, results_dir)
     index = (results_dir / "RESULTS.md").read_text()
     assert "| NVIDIA B200 |" in index
     assert "GPU checks" not in index
+    dest = results_dir / "nvidia-b200"
+    assert (dest / record.CHECKS_FILE).read_text() == checks
+    assert "[checks.md](checks.md)" in (dest / "README.md").read_text()
+    assert sorted(p.name for p in dest.iterdir()) == sorted((*record.RECORD_FILES, "checks.md"))
 
 
 def test_publish_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_path, monkeypatch):

@@ -3,9 +3,10 @@
 #
 #   bash benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--library FILE] [STEP ...]
 #
-# STEP: tests (the whole suite, default), kernels (the CUDA kernel tests), frontends (torchax and
-# JAX tests), examples (the example in every mode this host has), sanitizer (compute-sanitizer
-# memcheck and racecheck on a reduced kernel selection), timing (`python -m benchmarks probe decode`).
+# STEP: tests (the whole suite, default), kernels (the CUDA kernel and sinks tests), frontends
+# (torchax and JAX tests), examples (the example in every mode this host has), sanitizer
+# (compute-sanitizer memcheck and racecheck on a reduced kernel selection), timing
+# (`python -m benchmarks probe decode`).
 # Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
 # --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies
 # into a temporary directory. DIR (default artifacts/gpu-check/<UTC time>) receives one log per
@@ -29,6 +30,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 # torch (eager CUDA) and jax share the GPU in one process: no 75 % preallocation by jax
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# pytest workers (-n, one per core) split the host's cores: one CPU thread each for the
+# references. With torch's default of a thread per core in every worker, the kernel tests took
+# over 9 minutes on 16 cores; with one, the whole suite takes under 3.
+workers=$(nproc 2> /dev/null || echo 8)
+PARALLEL=(env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}")
 if [[ -n $library ]]; then
   export XLA_GPU_OPS_LIBRARY=$(cd "$(dirname "$library")" && pwd)/$(basename "$library")
 fi
@@ -65,9 +71,9 @@ SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
 summary=()
 for step in "${steps[@]}"; do
   case $step in
-    tests) timeout 900 "${PYTEST[@]}" --durations=25 tests/ "${NOT_GPU[@]}" -n 8 > "$out/tests.txt" 2>&1 ;;
-    kernels) timeout 300 "${PYTEST[@]}" tests/test_kernels_cuda.py -n 8 > "$out/kernels.txt" 2>&1 ;;
-    frontends) timeout 300 "${PYTEST[@]}" -m "torchax or jax" tests/ -n 4 > "$out/frontends.txt" 2>&1 ;;
+    tests) timeout 900 "${PARALLEL[@]}" "${PYTEST[@]}" --durations=25 tests/ "${NOT_GPU[@]}" -n "$workers" > "$out/tests.txt" 2>&1 ;;
+    kernels) timeout 300 "${PARALLEL[@]}" "${PYTEST[@]}" tests/test_kernels_cuda.py tests/test_sinks.py -n "$workers" > "$out/kernels.txt" 2>&1 ;;
+    frontends) timeout 300 "${PARALLEL[@]}" "${PYTEST[@]}" -m "torchax or jax" tests/ -n 4 > "$out/frontends.txt" 2>&1 ;;
     examples)
       : > "$out/examples.txt"
       ok=0

@@ -9,6 +9,7 @@ outputs is caught and blamed.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 from benchmarks import ours
 from benchmarks import peers as P
@@ -61,12 +62,12 @@ def _tolerance(case, impl: str) -> float:
 
 def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2_bytes: int,
              progress=None, skips: dict | None = None, on_impl=None,
-             skip_impls: frozenset[str] = frozenset()) -> dict:  # fmt: skip
+             skip_impls: Mapping[str, str] | None = None) -> dict:  # fmt: skip
     """Measure one case for every implementation; never raises for an implementation's failure.
 
     skips: {impl: reason} recorded as failed without running (an earlier worker crashed there).
     on_impl(impl): called before each implementation starts (the isolated runner's bookkeeping).
-    skip_impls: implementations left out of this run (recorded as skipped).
+    skip_impls: {impl: why this run leaves it out} (recorded as skipped; workers.left_out).
     """
     record = {
         "name": case.name,
@@ -221,10 +222,10 @@ TORCHAX_LOADED_REASON = (
 
 
 def _skip_reason(spec, case, env, skips: dict | None,
-                 skip_impls: frozenset[str] = frozenset()) -> tuple[str, str] | None:  # fmt: skip
+                 skip_impls: Mapping[str, str] | None = None) -> tuple[str, str] | None:  # fmt: skip
     """(status, reason) when `spec` is not run on `case`; None when it runs."""
-    if spec.name in skip_impls:
-        return "skipped", "left out of this run (--skip-impls)"
+    if skip_impls and spec.name in skip_impls:
+        return "skipped", skip_impls[spec.name]
     if spec.slow and not case.slow_peers:
         return "skipped", "slow peer: run on the anchor and key rows only"
     if spec.anchor_only and env.on_gpu and case.name != ANCHOR:
@@ -235,7 +236,7 @@ def _skip_reason(spec, case, env, skips: dict | None,
 
 
 def needs_fresh_process(case, env, skips: dict | None,
-                        skip_impls: frozenset[str] = frozenset()) -> bool:  # fmt: skip
+                        skip_impls: Mapping[str, str] | None = None) -> bool:  # fmt: skip
     """Whether `case` runs an implementation that needs a process without torchax, and this
     process has torchax loaded already."""
     if not P.torchax_loaded():

@@ -25,8 +25,8 @@ decode wrapper's run(sinks=) reaches only the trtllm-gen backend (sm_100) and th
 paged_run drop it (prefill.py). Sliding window: window_left.
 
 FlashInfer 0.6 compiles its kernels on first use (nvcc under CUDA_HOME) into
-FLASHINFER_WORKSPACE_BASE. `prebuild` builds every module a run needs, concurrently, before any
-timing; `export-cache` packs the built modules into one file; `import-cache` unpacks such a file
+FLASHINFER_WORKSPACE_BASE. `prebuild` loads or builds every module a run needs before any timing;
+`export-cache` packs the built modules into one file; `import-cache` unpacks such a file
 into FlashInfer's AOT directory (<package>/data/aot/<module>/<module>.so), where FlashInfer loads a
 module without building it (`python -m benchmarks flashinfer {status,prebuild,export-cache,import-cache}`).
 """
@@ -292,12 +292,20 @@ def modules_needed(cases, skip_impls=()) -> list[tuple]:
     return [needed[key] for key in sorted(needed)]
 
 
-def prebuild(modules: list[tuple]) -> dict:
-    """Load (JIT-building where needed) each module by running its peer once on its one-page case;
-    concurrently.
+READY = "ready"  # prebuild's line per module loaded: "ready IMPL CASE ..."
+MISSING = "MissingJITCacheError"  # FlashInfer's error for a module it may not build (JIT disabled)
 
-    Each build is its own ninja process; MAX_JOBS (when unset) splits twice the host's cores among
-    the builds, so that memory stays bounded while the cores stay busy.
+
+def prebuild(modules: list[tuple]) -> dict:
+    """Load (JIT-building where needed) each module by running its peer once on its one-page case.
+    Prints one line per module as it becomes ready (READY) or fails, so that a run that stops the
+    prebuild knows which peers have their kernels.
+
+    First each module in turn with FlashInfer's JIT disabled: the cached ones load (one at a time:
+    XQA's libraries make CUDA calls while they load), the others say they are missing. Then the
+    missing ones build concurrently, each its own ninja process; MAX_JOBS (when unset) splits twice
+    the host's cores among those builds alone, so that memory stays bounded while the cores stay
+    busy (FA3's modules, ten sources each, are the long ones).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -305,25 +313,49 @@ def prebuild(modules: list[tuple]) -> dict:
 
     if not modules:
         return {"modules": 0, "seconds": 0.0, "errors": []}
-    os.environ.setdefault("MAX_JOBS", str(max(2, -(-2 * (os.cpu_count() or 8) // len(modules)))))
     env = BenchEnv(True)
+    start = time.time()
+    print(f"FlashInfer: {len(modules)} modules: "
+          + ", ".join(f"{impl} for {case.name}" for impl, case in modules), flush=True)  # fmt: skip
 
-    def load(module) -> str | None:
+    def load(module, cached_only: bool = False) -> str | None:
+        """None when ready (or not applicable), MISSING, or the failure's message."""
         impl, case = module
+        label = f"{impl} {case.name.replace(' ', '_')}"
         try:
             PEERS[impl][1](env, case, [build_inputs(case, env.device, seed=0)]).calls[0]()
             torch.cuda.synchronize()  # the call ran to its end on the device, or failed here
         except NotApplicable:  # e.g. XQA on a GPU it does not build for: its rows say so
+            print(f"{READY} {label} not applicable", flush=True)
             return None
         except Exception as error:
-            return f"{impl} {case.name}: {type(error).__name__}: {str(error)[-300:]}"
+            if cached_only and type(error).__name__ == MISSING:
+                print(f"to build: {label}", flush=True)
+                return MISSING
+            message = f"{impl} {case.name}: {type(error).__name__}: {str(error)[-300:]}"
+            print(f"  FAILED {message}", flush=True)
+            return message
+        print(f"{READY} {label} {time.time() - start:.0f} s", flush=True)
         return None
 
-    start = time.time()
-    with ThreadPoolExecutor(max_workers=len(modules)) as pool:
-        errors = [e for e in pool.map(load, modules) if e]
-    return {"modules": len(modules), "seconds": time.time() - start, "errors": errors,
-            "max_jobs": os.environ["MAX_JOBS"]}  # fmt: skip
+    disabled = os.environ.get("FLASHINFER_DISABLE_JIT")
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    try:
+        outcomes = [load(module, cached_only=True) for module in modules]
+    finally:
+        if disabled is None:
+            del os.environ["FLASHINFER_DISABLE_JIT"]
+    missing = [m for m, outcome in zip(modules, outcomes, strict=True) if outcome == MISSING]
+    errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+    if missing:
+        jobs = max(2, -(-2 * (os.cpu_count() or 8) // len(missing)))
+        os.environ.setdefault("MAX_JOBS", str(jobs))
+        print(f"FlashInfer: building {len(missing)} modules (MAX_JOBS {os.environ['MAX_JOBS']})",
+              flush=True)  # fmt: skip
+        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
+            errors += [e for e in pool.map(load, missing) if e]
+    return {"modules": len(modules), "built": len(missing), "seconds": time.time() - start,
+            "errors": errors, "max_jobs": os.environ.get("MAX_JOBS")}  # fmt: skip
 
 
 def _dirs() -> tuple[Path, Path]:

@@ -10,6 +10,7 @@ Every output is checked against the op's. Timer: timing.time_host_per_call.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from benchmarks import flashinfer_peer, ours
 from benchmarks.cases import OPERANDS, build_inputs, rel_l2, scale_of
@@ -72,7 +73,7 @@ def _makers(env, case, inputs: dict) -> dict:
 
 
 def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | None = None,
-                      skip_impls: frozenset[str] = frozenset()) -> dict:  # fmt: skip
+                      skip_impls: Mapping[str, str] | None = None) -> dict:  # fmt: skip
     """{row: entry} with median / p10 / p90 µs of host time per call; never raises for a row."""
     inputs = build_inputs(case, env.device, seed=4242)
     makers = _makers(env, case, inputs)
@@ -80,8 +81,8 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
     expected = None
     for name, role in ROWS:
         entry = impls[name] = {"role": role}
-        if name in skip_impls:
-            entry.update(status="skipped", reason="left out of this run (--skip-impls)")
+        if skip_impls and name in skip_impls:
+            entry.update(status="skipped", reason=skip_impls[name])
             continue
         if skips and name in skips:
             entry.update(status="failed", reason=skips[name])

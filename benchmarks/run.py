@@ -12,9 +12,13 @@ so every harness code path is exercised. Timing method: benchmarks/timing.py.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks import flashinfer_peer, record, report, workers
@@ -43,9 +47,17 @@ def write_run(results: dict, out_dir: Path) -> None:
     report.plot(results, out_dir / "plot.png")
 
 
+# The prebuild gets at most this share of what is left of the time limit: past it, the peers whose
+# kernels are not ready sit the run out, and every case still measures ours and the other peers.
+PREBUILD_SHARE = 0.5
+STACK_WAIT_S = 2.0  # for a stopped process's stacks to arrive
+
+
 def prebuild_flashinfer(config: dict) -> dict | None:
     """Build FlashInfer's kernels for the selected cases before any timing (a subprocess, so that
-    this process keeps no FlashInfer state); None where FlashInfer is not installed."""
+    this process keeps no FlashInfer state; its lines go to this process's output as they come);
+    None where FlashInfer is not installed. A prebuild stopped at its share of the time limit
+    leaves the peers whose modules it did not finish out of the run (config["left_out"])."""
     if set(flashinfer_peer.PEERS) <= set(config["skip_impls"]):
         return None
     reason = flashinfer_peer.unavailable()
@@ -55,17 +67,57 @@ def prebuild_flashinfer(config: dict) -> dict | None:
     cmd = [sys.executable, "-m", "benchmarks", "flashinfer", "prebuild",
            *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"],
            "--skip-impls", *config["skip_impls"]]  # fmt: skip
+    needed = Counter(impl for impl, _ in flashinfer_peer.modules_needed(
+        workers.cases_for(config), config["skip_impls"]))  # fmt: skip
     print("FlashInfer: loading or JIT-building its kernels for these cases ...", flush=True)
     start = time.time()
-    timeout = None if config["deadline"] is None else max(30.0, config["deadline"] - time.time())
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        output = (proc.stdout + proc.stderr).strip()
-        status = proc.returncode
-    except subprocess.TimeoutExpired:
-        output, status = "stopped at the time limit", None
-    print("\n".join(output.splitlines()[-6:]), flush=True)
-    return {"seconds": time.time() - start, "exit_status": status, "output_tail": output[-2000:]}
+    timeout = None
+    if config["deadline"] is not None:
+        timeout = max(30.0, (config["deadline"] - start) * PREBUILD_SHARE)
+    # stopped, it prints where each thread is: still compiling, or waiting on a load
+    lines, status = stream_process(cmd, timeout, stack_signal=signal.SIGUSR1)
+    ready = Counter(line.split()[1] for line in lines
+                    if line.startswith(flashinfer_peer.READY + " ") and len(line.split()) > 1)  # fmt: skip
+    result = {"seconds": time.time() - start, "exit_status": status,
+              "output_tail": "\n".join(lines)[-2000:]}  # fmt: skip
+    if status is None:
+        late = sorted(impl for impl, n in needed.items() if ready[impl] < n)
+        print(f"FlashInfer: prebuild stopped after {timeout:.0f} s; left out of this run: "
+              f"{', '.join(late) or 'none'}", flush=True)  # fmt: skip
+        config["left_out"] = {impl: f"FlashInfer's kernels not built within {timeout:.0f} s "
+                                    "(prebuild stopped)" for impl in late}  # fmt: skip
+        result["left_out"] = late
+    return result
+
+
+def stream_process(cmd: list[str], timeout: float | None,
+                   stack_signal: int | None = None) -> tuple[list[str], int | None]:  # fmt: skip
+    """Run cmd, printing its output lines as they come; (lines, exit status), status None when
+    stopped at the timeout. The process runs in a session of its own, so that stopping it stops
+    the compilers it started too (they would otherwise run beside the timings). stack_signal: sent
+    first, for a process that then prints its threads' stacks (faulthandler.register)."""
+    lines: list[str] = []
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True) as proc:  # fmt: skip
+
+        def read() -> None:
+            for line in proc.stdout:
+                lines.append(line.rstrip())
+                print("  " + lines[-1], flush=True)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            status = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if stack_signal is not None:
+                os.kill(proc.pid, stack_signal)
+                time.sleep(STACK_WAIT_S)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = None
+        reader.join(timeout=5.0)
+    return lines, status
 
 
 def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=(),

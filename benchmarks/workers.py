@@ -37,6 +37,13 @@ def cases_for(config: dict):
     return select_cases(pool, config["patterns"])
 
 
+def left_out(config: dict) -> dict[str, str]:
+    """{impl: why this run leaves it out}: --skip-impls, and FlashInfer peers whose kernels the
+    prebuild did not finish within its share of the time limit (run.prebuild_flashinfer)."""
+    reasons = {name: "left out of this run (--skip-impls)" for name in config.get("skip_impls", ())}
+    return reasons | config.get("left_out", {})
+
+
 def _budget(config: dict) -> float:
     if not config["on_gpu"]:
         return 1e9
@@ -65,7 +72,7 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
     Returns False when a worker stopped early because the next case needs a process without
     torchax (event "fresh_worker"); True when every case ran."""
     cases = cases_for(config)
-    skip_impls = frozenset(config.get("skip_impls", ()))
+    skip_impls = left_out(config)
     env = BenchEnv(config["on_gpu"])
     budget = _budget(config)
     planted = os.environ.get(PLANTED_CRASH_ENV, "") if config.get("worker") else ""

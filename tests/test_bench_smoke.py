@@ -13,8 +13,11 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -460,6 +463,130 @@ def test_flashinfer_absent_is_reported_not_raised(monkeypatch):
     with pytest.raises(peers.NotApplicable, match="not installed"):
         flashinfer_peer.prepare_decode(peers.BenchEnv(False), case, [])
     assert cli.main(["flashinfer", "prebuild"]) == 0  # says so, builds nothing
+
+
+def test_a_stopped_prebuild_stops_its_compilers_and_keeps_its_lines(tmp_path):
+    """The prebuild's lines arrive as they come; stopping it at its timeout stops the processes it
+    started too (a compiler left running would share the host with the timings)."""
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('ready flashinfer_xqa one_page 1 s', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    start = time.time()
+    lines, status = run.stream_process([sys.executable, "-c", script], timeout=3.0)
+    assert status is None
+    assert time.time() - start < 30
+    assert lines == ["ready flashinfer_xqa one_page 1 s"]
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the child is killed with its group; wait for it to be reaped
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the prebuild's child process outlived the stop")
+    lines, status = run.stream_process([sys.executable, "-c", "print('a'); print('b')"], None)
+    assert (lines, status) == (["a", "b"], 0)
+    # asked for its stacks before the stop, a process that registered for them prints them
+    script = ("import faulthandler, signal, time\n"
+              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+              "print('waiting', flush=True)\n"
+              "def wait_here():\n    time.sleep(60)\n"
+              "wait_here()\n")  # fmt: skip
+    lines, status = run.stream_process([sys.executable, "-c", script], 3.0, signal.SIGUSR1)
+    assert status is None
+    assert lines[0] == "waiting"
+    assert any("wait_here" in line for line in lines)
+
+
+def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
+    """A prebuild stopped at its share of the time limit: the peers it finished run, the others
+    are recorded as skipped with the reason, and the cases still run ours."""
+    monkeypatch.setattr(flashinfer_peer, "unavailable", lambda: None)
+    config = {"quick": False, "on_gpu": True, "skip_impls": [], "deadline": time.time() + 100,
+              "patterns": ["decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16"]}  # fmt: skip
+    seen = {}
+
+    def stopped(cmd, timeout, stack_signal=None):
+        seen["timeout"], seen["signal"] = timeout, stack_signal
+        return ["FlashInfer: 3 modules", "ready flashinfer_xqa one_page 4 s"], None
+
+    monkeypatch.setattr(run, "stream_process", stopped)
+    result = run.prebuild_flashinfer(config)
+    assert 45 < seen["timeout"] <= 50  # half of what is left
+    assert seen["signal"] == signal.SIGUSR1  # its stacks first
+    assert result["left_out"] == ["flashinfer_decode", "flashinfer_prefill"]
+    reasons = workers.left_out(config)
+    assert set(reasons) == {"flashinfer_decode", "flashinfer_prefill"}
+    assert "not built within" in reasons["flashinfer_prefill"]
+    spec = next(s for s in peers.IMPLS if s.name == "flashinfer_prefill")
+    case = select_cases(all_cases(False), ["prefill_B8_len2k_h32-8_d128_p16"])[0]
+    env = peers.BenchEnv(False)
+    assert case_runner._skip_reason(spec, case, env, None, reasons) == (
+        "skipped", reasons["flashinfer_prefill"])  # fmt: skip
+    config["skip_impls"] = ["sdpa"]
+    assert workers.left_out(config)["sdpa"] == "left out of this run (--skip-impls)"
+    # a prebuild that finishes leaves every peer in
+    monkeypatch.setattr(run, "stream_process", lambda cmd, timeout, stack_signal: (["done"], 0))
+    config = {**config, "left_out": {}}
+    assert "left_out" not in run.prebuild_flashinfer(config)
+    assert config["left_out"] == {}
+
+
+def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, capsys):
+    """Cached modules load one at a time with FlashInfer's JIT disabled; only the missing ones
+    build, concurrently, with the host's cores split among them; a failure is reported."""
+
+    class MissingJITCacheError(RuntimeError):  # FlashInfer's name for it
+        pass
+
+    cached = {"decode_B32"}
+    calls = []
+
+    def prepare(impl):
+        def make(env, case, inputs):
+            def call():
+                jit_disabled = os.environ.get("FLASHINFER_DISABLE_JIT") == "1"
+                calls.append((impl, case.name, jit_disabled))
+                if impl == "flashinfer_prefill":
+                    raise ValueError("bad plan")
+                if jit_disabled and not any(c in case.name for c in cached):
+                    raise MissingJITCacheError(case.name)
+
+            return types.SimpleNamespace(calls=[call])
+
+        return make
+
+    monkeypatch.setattr(flashinfer_peer, "PEERS", {
+        impl: (kinds, prepare(impl)) for impl, (kinds, _) in flashinfer_peer.PEERS.items()})  # fmt: skip
+    monkeypatch.setattr(flashinfer_peer, "BenchEnv", lambda on_gpu: peers.BenchEnv(False))
+    monkeypatch.setattr(flashinfer_peer, "build_inputs", lambda *a, **k: {})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.delenv("FLASHINFER_DISABLE_JIT", raising=False)
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    modules = [("flashinfer_xqa", decode_case(32, 64, (4, 1))),
+               ("flashinfer_decode", decode_case(8, 64, (4, 1))),
+               ("flashinfer_xqa", decode_case(8, 64, (4, 2))),
+               ("flashinfer_prefill", mixed_case())]  # fmt: skip
+    result = flashinfer_peer.prebuild(modules)
+    assert result["built"] == 2
+    assert result["max_jobs"] == "16"  # 2 x 16 cores over the 2 builds
+    assert len(result["errors"]) == 1
+    assert "bad plan" in result["errors"][0]
+    assert calls[:4] == [(impl, case.name, True) for impl, case in modules]  # in turn, no JIT
+    assert sorted(c[:2] for c in calls[4:]) == sorted(
+        (impl, case.name) for impl, case in modules[1:3])  # fmt: skip
+    assert not any(c[2] for c in calls[4:])
+    assert "FLASHINFER_DISABLE_JIT" not in os.environ
+    out = capsys.readouterr().out
+    assert out.count("to build: ") == 2
+    assert out.count(f"{flashinfer_peer.READY} flashinfer_") == 3  # the cached one, the two built
 
 
 def test_flashinfer_cache_round_trip_in_parts(tmp_path, monkeypatch):

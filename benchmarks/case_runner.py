@@ -67,7 +67,8 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
 
     skips: {impl: reason} recorded as failed without running (an earlier worker crashed there).
     on_impl(impl): called before each implementation starts (the isolated runner's bookkeeping).
-    skip_impls: {impl: why this run leaves it out} (recorded as skipped; workers.left_out).
+    skip_impls: {impl or "impl:case": why this run leaves it out} (recorded as skipped;
+    workers.left_out).
     """
     record = {
         "name": case.name,
@@ -224,8 +225,9 @@ TORCHAX_LOADED_REASON = (
 def _skip_reason(spec, case, env, skips: dict | None,
                  skip_impls: Mapping[str, str] | None = None) -> tuple[str, str] | None:  # fmt: skip
     """(status, reason) when `spec` is not run on `case`; None when it runs."""
-    if skip_impls and spec.name in skip_impls:
-        return "skipped", skip_impls[spec.name]
+    reason = (skip_impls or {}).get(spec.name) or (skip_impls or {}).get(f"{spec.name}:{case.name}")
+    if reason:
+        return "skipped", reason
     if spec.slow and not case.slow_peers:
         return "skipped", "slow peer: run on the anchor and key rows only"
     if spec.anchor_only and env.on_gpu and case.name != ANCHOR:

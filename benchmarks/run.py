@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 from benchmarks import flashinfer_peer, record, report, workers
@@ -57,7 +56,8 @@ def prebuild_flashinfer(config: dict) -> dict | None:
     """Build FlashInfer's kernels for the selected cases before any timing (a subprocess, so that
     this process keeps no FlashInfer state; its lines go to this process's output as they come);
     None where FlashInfer is not installed. A prebuild stopped at its share of the time limit
-    leaves the peers whose modules it did not finish out of the run (config["left_out"])."""
+    leaves a peer out of the cases whose module it did not finish (config["left_out"], keyed
+    "impl:case")."""
     if set(flashinfer_peer.PEERS) <= set(config["skip_impls"]):
         return None
     reason = flashinfer_peer.unavailable()
@@ -67,8 +67,7 @@ def prebuild_flashinfer(config: dict) -> dict | None:
     cmd = [sys.executable, "-m", "benchmarks", "flashinfer", "prebuild",
            *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"],
            "--skip-impls", *config["skip_impls"]]  # fmt: skip
-    needed = Counter(impl for impl, _ in flashinfer_peer.modules_needed(
-        workers.cases_for(config), config["skip_impls"]))  # fmt: skip
+    cases = workers.cases_for(config)
     print("FlashInfer: loading or JIT-building its kernels for these cases ...", flush=True)
     start = time.time()
     timeout = None
@@ -76,17 +75,24 @@ def prebuild_flashinfer(config: dict) -> dict | None:
         timeout = max(30.0, (config["deadline"] - start) * PREBUILD_SHARE)
     # stopped, it prints where each thread is: still compiling, or waiting on a load
     lines, status = stream_process(cmd, timeout, stack_signal=signal.SIGUSR1)
-    ready = Counter(line.split()[1] for line in lines
-                    if line.startswith(flashinfer_peer.READY + " ") and len(line.split()) > 1)  # fmt: skip
     result = {"seconds": time.time() - start, "exit_status": status,
               "output_tail": "\n".join(lines)[-2000:]}  # fmt: skip
     if status is None:
-        late = sorted(impl for impl, n in needed.items() if ready[impl] < n)
-        print(f"FlashInfer: prebuild stopped after {timeout:.0f} s; left out of this run: "
-              f"{', '.join(late) or 'none'}", flush=True)  # fmt: skip
-        config["left_out"] = {impl: f"FlashInfer's kernels not built within {timeout:.0f} s "
-                                    "(prebuild stopped)" for impl in late}  # fmt: skip
-        result["left_out"] = late
+        # ready lines name the module by its one-page case: "ready IMPL one_page_of_CASE ..."
+        ready = {tuple(line.split()[1:3]) for line in lines
+                 if line.startswith(flashinfer_peer.READY + " ") and len(line.split()) > 2}  # fmt: skip
+        late = [(impl, small) for impl, small in
+                flashinfer_peer.modules_needed(cases, config["skip_impls"])
+                if (impl, small.name.replace(" ", "_")) not in ready]  # fmt: skip
+        keys = {flashinfer_peer.module_key(impl, small) for impl, small in late}
+        why = f"its FlashInfer kernels were not built within {timeout:.0f} s (prebuild stopped)"
+        config["left_out"] = {f"{impl}:{case.name}": why for case in cases
+                              for impl in flashinfer_peer.PEERS
+                              if impl not in config["skip_impls"]
+                              and flashinfer_peer.module_key(impl, case) in keys}  # fmt: skip
+        result["left_out"] = [f"{impl} for {small.name}" for impl, small in late]
+        print(f"FlashInfer: prebuild stopped after {timeout:.0f} s; not ready: "
+              f"{', '.join(result['left_out']) or 'none'}", flush=True)  # fmt: skip
     return result
 
 

@@ -38,8 +38,9 @@ def cases_for(config: dict):
 
 
 def left_out(config: dict) -> dict[str, str]:
-    """{impl: why this run leaves it out}: --skip-impls, and FlashInfer peers whose kernels the
-    prebuild did not finish within its share of the time limit (run.prebuild_flashinfer)."""
+    """{impl, or "impl:case": why this run leaves it out}: --skip-impls, and a FlashInfer peer on
+    the cases whose module the prebuild did not finish within its share of the time limit
+    (run.prebuild_flashinfer)."""
     reasons = {name: "left out of this run (--skip-impls)" for name in config.get("skip_impls", ())}
     return reasons | config.get("left_out", {})
 

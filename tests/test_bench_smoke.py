@@ -505,30 +505,38 @@ def test_a_stopped_prebuild_stops_its_compilers_and_keeps_its_lines(tmp_path):
 
 
 def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
-    """A prebuild stopped at its share of the time limit: the peers it finished run, the others
-    are recorded as skipped with the reason, and the cases still run ours."""
+    """A prebuild stopped at its share of the time limit: a peer sits out the cases whose module
+    is not ready (recorded as skipped, with the reason) and runs the others; ours runs on all."""
     monkeypatch.setattr(flashinfer_peer, "unavailable", lambda: None)
+    anchor, bf16, fp8 = ("decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16",
+                         "prefill_B8_len2k_h32-8_d128_fp8_p16")  # fmt: skip
     config = {"quick": False, "on_gpu": True, "skip_impls": [], "deadline": time.time() + 100,
-              "patterns": ["decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16"]}  # fmt: skip
+              "patterns": [anchor, bf16, fp8]}  # fmt: skip
     seen = {}
 
     def stopped(cmd, timeout, stack_signal=None):
         seen["timeout"], seen["signal"] = timeout, stack_signal
-        return ["FlashInfer: 3 modules", "ready flashinfer_xqa one_page 4 s"], None
+        return ["FlashInfer: 5 modules", f"ready flashinfer_xqa one_page_of_{anchor} 4 s",
+                f"ready flashinfer_prefill one_page_of_{fp8} 9 s"], None  # fmt: skip
 
     monkeypatch.setattr(run, "stream_process", stopped)
     result = run.prebuild_flashinfer(config)
     assert 45 < seen["timeout"] <= 50  # half of what is left
     assert seen["signal"] == signal.SIGUSR1  # its stacks first
-    assert result["left_out"] == ["flashinfer_decode", "flashinfer_prefill"]
+    assert sorted(result["left_out"]) == [f"flashinfer_decode for one page of {anchor}",
+                                          f"flashinfer_prefill for one page of {bf16}"]  # fmt: skip
     reasons = workers.left_out(config)
-    assert set(reasons) == {"flashinfer_decode", "flashinfer_prefill"}
-    assert "not built within" in reasons["flashinfer_prefill"]
-    spec = next(s for s in peers.IMPLS if s.name == "flashinfer_prefill")
-    case = select_cases(all_cases(False), ["prefill_B8_len2k_h32-8_d128_p16"])[0]
+    assert set(reasons) == {f"flashinfer_decode:{anchor}", f"flashinfer_prefill:{bf16}"}
+    assert "not built within" in reasons[f"flashinfer_prefill:{bf16}"]
     env = peers.BenchEnv(False)
-    assert case_runner._skip_reason(spec, case, env, None, reasons) == (
-        "skipped", reasons["flashinfer_prefill"])  # fmt: skip
+    spec = {s.name: s for s in peers.IMPLS}
+    case = {c.name: c for c in select_cases(all_cases(False), config["patterns"])}
+    skip = case_runner._skip_reason
+    assert skip(spec["flashinfer_prefill"], case[bf16], env, None, reasons) == (
+        "skipped", reasons[f"flashinfer_prefill:{bf16}"])  # fmt: skip
+    assert skip(spec["flashinfer_prefill"], case[fp8], env, None, reasons) is None
+    assert skip(spec["flashinfer_xqa"], case[anchor], env, None, reasons) is None
+    assert skip(spec["xgo_torch"], case[bf16], env, None, reasons) is None
     config["skip_impls"] = ["sdpa"]
     assert workers.left_out(config)["sdpa"] == "left out of this run (--skip-impls)"
     # a prebuild that finishes leaves every peer in

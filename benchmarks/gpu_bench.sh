@@ -16,7 +16,8 @@
 #   Without it FlashInfer first compiles its kernels (minutes).
 # --budget SECONDS (default 540, --quick 235): wall time for the whole script; cases past it are
 #   skipped and recorded as such.
-# --prepare-only: install, import or build FlashInfer's kernels, write the cache file, stop.
+# --prepare-only: install, import or build FlashInfer's kernels (within the budget), write the
+#   cache file of what was built, stop.
 # DIR (default artifacts/bench/<UTC time>, git-ignored) receives the run (results.json, table.md,
 # plot.png, workers.log), run.log and flashinfer-jit-cache.tar.xz; the table prints last.
 # `python -m benchmarks publish DIR` makes the run the record of its GPU kind. The commit comes
@@ -37,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     --library) library=$2; shift ;;
     --budget) budget=$2; shift ;;
     --) shift; run_args=("$@"); break ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "gpu_bench.sh: unknown argument $1 (--help lists them)" >&2; exit 2 ;;
   esac
   shift
@@ -107,7 +108,12 @@ export_cache() {
 }
 status=0
 if (( prepare_only )); then
-  python3 -m benchmarks flashinfer prebuild "${quick_flag[@]}" 2>&1 | tee -a "$log"
+  # within the budget, so that what was built is packed for the next run even when some of it
+  # is not: past it, the prebuild prints its threads' stacks (USR1) and stops with its compilers
+  left=$(( budget - ($(date +%s) - start) - 30 ))
+  (( left > 60 )) || left=60
+  timeout --signal=USR1 --kill-after=5 "$left" \
+    python3 -m benchmarks flashinfer prebuild "${quick_flag[@]}" 2>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
   export_cache
 else

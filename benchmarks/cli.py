@@ -117,8 +117,9 @@ def _flashinfer(argv: list[str]) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         cases = select_cases(all_cases(args.quick), args.cases)
         result = flashinfer_peer.prebuild(flashinfer_peer.modules_needed(cases, args.skip_impls))
-        print(f"FlashInfer modules ready: {result['modules']}, {result.get('built', 0)} of them "
-              f"built, in {result['seconds']:.0f} s", flush=True)  # fmt: skip
+        print(f"FlashInfer modules ready: {result.get('ready', 0)} of {result['modules']}, "
+              f"{result.get('built', 0)} of them built, in {result['seconds']:.0f} s",
+              flush=True)  # fmt: skip
         return 1 if result["errors"] else 0
     if args.command == "export-cache":
         files = flashinfer_peer.export_cache(args.file)

@@ -39,6 +39,7 @@ import io
 import json
 import os
 import re
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -256,18 +257,27 @@ def prepare_xqa(env, case, copies):
 
 
 # impl -> (the kinds of case it runs, its prepare): peers.IMPLS lists them, prebuild builds their
-# modules
+# modules. The host-cost case's FlashInfer row is HOST_COST_PEER on its decode (host_cost.py).
 PEERS = {
     "flashinfer_decode": (frozenset({"decode"}), prepare_decode),
     "flashinfer_xqa": (frozenset({"decode"}), prepare_xqa),
     "flashinfer_prefill": (frozenset({"prefill", "mixed"}), prepare_prefill),
 }
+HOST_COST_PEER = "flashinfer_decode"
 
 
 # ------------------------------------------------------------------------------ JIT modules
+def as_run(impl: str, case):
+    """The case as `impl` runs it: the host-cost row runs the decode peer on its decode."""
+    if case.kind == "host_cost" and impl == HOST_COST_PEER:
+        return dataclasses.replace(case, kind="decode")
+    return case
+
+
 def module_key(impl: str, case) -> tuple | None:
     """What picks `impl`'s JIT module for the case; None where `impl` does not run it."""
     kinds, _ = PEERS[impl]
+    case = as_run(impl, case)
     if case.kind not in kinds or (impl == "flashinfer_xqa" and xqa_unsupported(case)):
         return None
     key = (impl, case.dtype, case.cache_dtype, case.head_dim, case.sinks,
@@ -285,6 +295,7 @@ def modules_needed(cases, skip_impls=()) -> list[tuple]:
         for impl in PEERS:
             key = module_key(impl, case)
             if key is not None and impl not in skip_impls:
+                case = as_run(impl, case)
                 q_len = 1 if case.kind == "decode" else case.page_size
                 small = dataclasses.replace(case, name=f"one page of {case.name}",
                                             seqs=((q_len, case.page_size),))  # fmt: skip
@@ -326,16 +337,16 @@ def prebuild(modules: list[tuple]) -> dict:
             PEERS[impl][1](env, case, [build_inputs(case, env.device, seed=0)]).calls[0]()
             torch.cuda.synchronize()  # the call ran to its end on the device, or failed here
         except NotApplicable:  # e.g. XQA on a GPU it does not build for: its rows say so
-            print(f"{READY} {label} not applicable", flush=True)
+            _say(f"{READY} {label} not applicable")
             return None
         except Exception as error:
             if cached_only and type(error).__name__ == MISSING:
-                print(f"to build: {label}", flush=True)
+                _say(f"to build: {label}")
                 return MISSING
             message = f"{impl} {case.name}: {type(error).__name__}: {str(error)[-300:]}"
-            print(f"  FAILED {message}", flush=True)
+            _say(f"  FAILED {message}")
             return message
-        print(f"{READY} {label} {time.time() - start:.0f} s", flush=True)
+        _say(f"{READY} {label} {time.time() - start:.0f} s")
         return None
 
     disabled = os.environ.get("FLASHINFER_DISABLE_JIT")
@@ -345,17 +356,27 @@ def prebuild(modules: list[tuple]) -> dict:
     finally:
         if disabled is None:
             del os.environ["FLASHINFER_DISABLE_JIT"]
+        else:
+            os.environ["FLASHINFER_DISABLE_JIT"] = disabled
     missing = [m for m, outcome in zip(modules, outcomes, strict=True) if outcome == MISSING]
     errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+    build_errors = []
     if missing:
         jobs = max(2, -(-2 * (os.cpu_count() or 8) // len(missing)))
         os.environ.setdefault("MAX_JOBS", str(jobs))
-        print(f"FlashInfer: building {len(missing)} modules (MAX_JOBS {os.environ['MAX_JOBS']})",
-              flush=True)  # fmt: skip
+        _say(f"FlashInfer: building {len(missing)} modules (MAX_JOBS {os.environ['MAX_JOBS']})")
         with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-            errors += [e for e in pool.map(load, missing) if e]
-    return {"modules": len(modules), "built": len(missing), "seconds": time.time() - start,
-            "errors": errors, "max_jobs": os.environ.get("MAX_JOBS")}  # fmt: skip
+            build_errors = [e for e in pool.map(load, missing) if e]
+    return {"modules": len(modules), "ready": len(modules) - len(errors) - len(build_errors),
+            "built": len(missing) - len(build_errors), "seconds": time.time() - start,
+            "errors": errors + build_errors, "max_jobs": os.environ.get("MAX_JOBS")}  # fmt: skip
+
+
+def _say(line: str) -> None:
+    """One line in one write: the prebuild's threads print beside each other, and a run reads
+    its lines back (print writes the text and the newline apart)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _dirs() -> tuple[Path, Path]:
@@ -372,13 +393,26 @@ def _cuda_arch() -> str:
     return f"sm_{major}{minor}"
 
 
+def _linked(so: Path) -> bool:
+    """Whether ninja finished linking this JIT-built module: its build log (in the module's build
+    directory) names the .so. A build stopped mid-link leaves a partial file behind, which a cache
+    must not carry: FlashInfer loads a cached module without building it again."""
+    log = so.parent / ".ninja_log"
+    if not log.is_file():
+        return False
+    fields = (line.split("\t") for line in log.read_text(errors="replace").splitlines())
+    return any(len(f) >= 4 and Path(f[3]).name == so.name for f in fields)
+
+
 def export_cache(dest: Path) -> list[Path]:
     """Pack every built module (JIT-built or imported) into dest (xz tar); parts if it is large."""
     jit_dir, aot_dir = _dirs()
     modules: dict[str, Path] = {}
     for root in (jit_dir, aot_dir):
         for path in sorted(root.glob("*/*.so")) if root.is_dir() else []:
-            if MODULE_FILE.match(f"{path.parent.name}/{path.name}"):
+            if MODULE_FILE.match(f"{path.parent.name}/{path.name}") and (
+                root == aot_dir or _linked(path)
+            ):
                 modules.setdefault(path.parent.name, path)
     manifest = {"flashinfer": version(), "cuda_arch": _cuda_arch(), "modules": sorted(modules)}
     buffer = io.BytesIO()

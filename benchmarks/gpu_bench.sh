@@ -110,7 +110,8 @@ status=0
 if (( prepare_only )); then
   # within the budget, so that what was built is packed for the next run even when some of it
   # is not: past it, the prebuild prints its threads' stacks (USR1) and stops with its compilers
-  left=$(( budget - ($(date +%s) - start) - 30 ))
+  # (packing xz-compresses every module: allow 90 s)
+  left=$(( budget - ($(date +%s) - start) - 90 ))
   (( left > 60 )) || left=60
   timeout --signal=USR1 --kill-after=5 "$left" \
     python3 -m benchmarks flashinfer prebuild "${quick_flag[@]}" 2>&1 | tee -a "$log"

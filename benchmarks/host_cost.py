@@ -9,7 +9,6 @@ Every output is checked against the op's. Timer: timing.time_host_per_call.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from benchmarks import flashinfer_peer, ours
@@ -59,8 +58,8 @@ def _makers(env, case, inputs: dict) -> dict:
         return call
 
     def flashinfer():
-        runner = flashinfer_peer.prepare_decode(env, dataclasses.replace(case, kind="decode"),
-                                                [inputs])  # fmt: skip
+        runner = flashinfer_peer.prepare_decode(
+            env, flashinfer_peer.as_run(flashinfer_peer.HOST_COST_PEER, case), [inputs])  # fmt: skip
         return runner.calls[0]
 
     return {
@@ -81,8 +80,9 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
     expected = None
     for name, role in ROWS:
         entry = impls[name] = {"role": role}
-        if skip_impls and name in skip_impls:
-            entry.update(status="skipped", reason=skip_impls[name])
+        reason = (skip_impls or {}).get(name) or (skip_impls or {}).get(f"{name}:{case.name}")
+        if reason:
+            entry.update(status="skipped", reason=reason)
             continue
         if skips and name in skips:
             entry.update(status="failed", reason=skips[name])

@@ -11,6 +11,7 @@ so every harness code path is exercised. Timing method: benchmarks/timing.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,26 +104,37 @@ def stream_process(cmd: list[str], timeout: float | None,
     the compilers it started too (they would otherwise run beside the timings). stack_signal: sent
     first, for a process that then prints its threads' stacks (faulthandler.register)."""
     lines: list[str] = []
-    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True) as proc:  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
 
-        def read() -> None:
-            for line in proc.stdout:
-                lines.append(line.rstrip())
-                print("  " + lines[-1], flush=True)
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            print("  " + lines[-1], flush=True)
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            status = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            if stack_signal is not None:
-                os.kill(proc.pid, stack_signal)
-                time.sleep(STACK_WAIT_S)
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status = None
-        reader.join(timeout=5.0)
+        proc.wait()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        status = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if stack_signal is not None:
+            os.kill(proc.pid, stack_signal)
+            time.sleep(STACK_WAIT_S)
+        stop()
+        status = None
+    except BaseException:  # e.g. Ctrl-C: its own session would keep it and its compilers running
+        stop()
+        raise
+    # A process that left the group may hold the pipe open: then the reader keeps it (closing a
+    # pipe under a blocked read would wait for that process).
+    reader.join(timeout=5.0)
+    if not reader.is_alive():
+        proc.stdout.close()
     return lines, status
 
 

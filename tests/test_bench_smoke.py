@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -482,10 +483,11 @@ def test_a_stopped_prebuild_stops_its_compilers_and_keeps_its_lines(tmp_path):
     assert time.time() - start < 30
     assert lines == ["ready flashinfer_xqa one_page 1 s"]
     child = int(pid_file.read_text())
-    for _ in range(50):  # the child is killed with its group; wait for it to be reaped
+    for _ in range(50):  # killed with its group: gone, or a zombie where no one reaps orphans
         try:
-            os.kill(child, 0)
-        except ProcessLookupError:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except (FileNotFoundError, ProcessLookupError):
             break
         time.sleep(0.1)
     else:
@@ -537,13 +539,19 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
     assert skip(spec["flashinfer_prefill"], case[fp8], env, None, reasons) is None
     assert skip(spec["flashinfer_xqa"], case[anchor], env, None, reasons) is None
     assert skip(spec["xgo_torch"], case[bf16], env, None, reasons) is None
+    # the host-cost row's FlashInfer peer is the decode peer on its decode: out with that module
+    config_host = {**config, "patterns": [anchor, "host_cost"]}
+    config_host.pop("left_out", None)
+    run.prebuild_flashinfer(config_host)
+    host = select_cases(all_cases(False), ["host_cost"])[0].name
+    assert f"flashinfer_decode:{host}" in workers.left_out(config_host)
     config["skip_impls"] = ["sdpa"]
     assert workers.left_out(config)["sdpa"] == "left out of this run (--skip-impls)"
     # a prebuild that finishes leaves every peer in
     monkeypatch.setattr(run, "stream_process", lambda cmd, timeout, stack_signal: (["done"], 0))
-    config = {**config, "left_out": {}}
+    config = {k: v for k, v in config.items() if k != "left_out"}
     assert "left_out" not in run.prebuild_flashinfer(config)
-    assert config["left_out"] == {}
+    assert "left_out" not in config
 
 
 def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, capsys):
@@ -575,14 +583,17 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
     monkeypatch.setattr(flashinfer_peer, "BenchEnv", lambda on_gpu: peers.BenchEnv(False))
     monkeypatch.setattr(flashinfer_peer, "build_inputs", lambda *a, **k: {})
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.delenv("FLASHINFER_DISABLE_JIT", raising=False)
-    monkeypatch.delenv("MAX_JOBS", raising=False)
+    # set, then removed: monkeypatch restores both afterwards (what the prebuild sets included)
+    for name in ("FLASHINFER_DISABLE_JIT", "MAX_JOBS"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     modules = [("flashinfer_xqa", decode_case(32, 64, (4, 1))),
                ("flashinfer_decode", decode_case(8, 64, (4, 1))),
                ("flashinfer_xqa", decode_case(8, 64, (4, 2))),
                ("flashinfer_prefill", mixed_case())]  # fmt: skip
     result = flashinfer_peer.prebuild(modules)
+    assert result["ready"] == 3
     assert result["built"] == 2
     assert result["max_jobs"] == "16"  # 2 x 16 cores over the 2 builds
     assert len(result["errors"]) == 1
@@ -598,12 +609,18 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
 
 
 def test_flashinfer_cache_round_trip_in_parts(tmp_path, monkeypatch):
-    """Built modules pack into files below the size limit and unpack into the AOT directory."""
+    """Built modules pack into files below the size limit and unpack into the AOT directory; a
+    module whose link ninja did not log (a build stopped mid-link) stays out."""
     jit_dir, aot_dir = tmp_path / "jit", tmp_path / "aot"
-    for name in ("batch_prefill_a", "batch_prefill_b"):
+    for name in ("batch_prefill_a", "batch_prefill_b", "batch_prefill_cut"):
         (jit_dir / name).mkdir(parents=True)
-        (jit_dir / name / f"{name}.so").write_bytes(os.urandom(3000))
+        so = jit_dir / name / f"{name}.so"
+        so.write_bytes(os.urandom(3000))
         (jit_dir / name / "x.cuda.o").write_bytes(b"object files stay behind")
+        log = ["# ninja log v6", f"0\t900\t0\t{jit_dir / name / 'x.cuda.o'}\t1a"]
+        if name != "batch_prefill_cut":
+            log.append(f"900\t1000\t0\t{so.resolve()}\t2b")
+        (jit_dir / name / ".ninja_log").write_text("\n".join(log) + "\n")
     monkeypatch.setattr(flashinfer_peer, "_dirs", lambda: (jit_dir, aot_dir))
     monkeypatch.setattr(flashinfer_peer, "version", lambda: "0.6.13")
     monkeypatch.setattr(flashinfer_peer, "_cuda_arch", lambda: "sm_90")
@@ -616,6 +633,7 @@ def test_flashinfer_cache_round_trip_in_parts(tmp_path, monkeypatch):
         got = (aot_dir / name / f"{name}.so").read_bytes()
         assert got == (jit_dir / name / f"{name}.so").read_bytes()
     assert not list(aot_dir.rglob("*.o"))
+    assert not (aot_dir / "batch_prefill_cut").exists()
     monkeypatch.setattr(flashinfer_peer, "_cuda_arch", lambda: "sm_80")
     assert flashinfer_peer.import_cache(tmp_path / "out" / "cache.tar.xz").startswith("skipped")
 

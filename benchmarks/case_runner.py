@@ -25,7 +25,7 @@ from benchmarks.ceilings import free_memory
 from benchmarks.host_cost import measure_host_cost
 from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
 from benchmarks.report import PRIMARY_ORDER
-from benchmarks.runners import prepared
+from benchmarks.runners import left_out_reason, prepared
 from benchmarks.timing import error_text, time_jax_chain, time_torch
 
 # Ours is compared with these peers' outputs on every row where they ran (the first one present of
@@ -225,7 +225,7 @@ TORCHAX_LOADED_REASON = (
 def _skip_reason(spec, case, env, skips: dict | None,
                  skip_impls: Mapping[str, str] | None = None) -> tuple[str, str] | None:  # fmt: skip
     """(status, reason) when `spec` is not run on `case`; None when it runs."""
-    reason = (skip_impls or {}).get(spec.name) or (skip_impls or {}).get(f"{spec.name}:{case.name}")
+    reason = left_out_reason(skip_impls, spec.name, case.name)
     if reason:
         return "skipped", reason
     if spec.slow and not case.slow_peers:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from benchmarks import flashinfer_peer, ours
 from benchmarks.cases import OPERANDS, build_inputs, rel_l2, scale_of
-from benchmarks.runners import NotApplicable, canon, prepared
+from benchmarks.runners import NotApplicable, canon, left_out_reason, prepared
 from benchmarks.timing import error_text, time_host_per_call
 
 ROWS = (  # name, role
@@ -80,7 +80,7 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
     expected = None
     for name, role in ROWS:
         entry = impls[name] = {"role": role}
-        reason = (skip_impls or {}).get(name) or (skip_impls or {}).get(f"{name}:{case.name}")
+        reason = left_out_reason(skip_impls, name, case.name)
         if reason:
             entry.update(status="skipped", reason=reason)
             continue

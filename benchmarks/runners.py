@@ -6,11 +6,19 @@ does not cover the case) or any other exception (recorded as "failed: <reason>";
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.timing import error_text
+
+
+def left_out_reason(skip_impls: Mapping[str, str] | None, impl: str, case_name: str) -> str | None:
+    """Why this run leaves `impl` out of the case (workers.left_out: keyed by the impl, or by
+    "impl:case" for one case); None when it runs."""
+    if not skip_impls:
+        return None
+    return skip_impls.get(impl) or skip_impls.get(f"{impl}:{case_name}")
 
 
 class NotApplicable(Exception):

@@ -15,6 +15,7 @@ Hkv 8, D 64) carry sinks, with and without the window.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -273,65 +274,29 @@ def all_cases(quick: bool) -> list[Case]:
 
 def smoke_cases() -> list[Case]:
     """Tiny shapes for the CPU smoke run: every kind and variant, so every harness code path runs."""
+    decode = Case("smoke_decode_B4_ctx100_h4-2_d64_p16", "decode", ((1, 100),) * 4, 4, 2, 64, 16,
+                  slow_peers=True)  # fmt: skip
+    mixed = Case("smoke_mixed_h4-2_d64_p16", "mixed", ((17, 17), (1, 50), (1, 90), (5, 5)), 4, 2,
+                 64, 16, slow_peers=True)  # fmt: skip
+    prefill = Case("smoke_prefill_B2_len32_h4-2_d64_p16", "prefill", ((32, 32),) * 2, 4, 2, 64, 16,
+                   slow_peers=True)  # fmt: skip
     return [
-        Case(
-            "smoke_decode_B4_ctx100_h4-2_d64_p16",
-            "decode",
-            ((1, 100),) * 4,
-            4,
-            2,
-            64,
-            16,
-            slow_peers=True,
-        ),
-        Case(
-            "smoke_mixed_h4-2_d64_p16",
-            "mixed",
-            ((17, 17), (1, 50), (1, 90), (5, 5)),
-            4,
-            2,
-            64,
-            16,
-            slow_peers=True,
-        ),
-        Case(
-            "smoke_prefill_B2_len32_h4-2_d64_p16",
-            "prefill",
-            ((32, 32),) * 2,
-            4,
-            2,
-            64,
-            16,
-            slow_peers=True,
-        ),
-        Case(
-            "smoke_decode_B4_ctx100_h4-2_d64_fp8_p16",
-            "decode",
-            ((1, 100),) * 4,
-            4,
-            2,
-            64,
-            16,
-            slow_peers=True,
-            kv_dtype=FP8,
-        ),
-        Case(
-            "smoke_mixed_h4-2_d64_sinks_w32_p16",
-            "mixed",
-            ((17, 17), (1, 50), (1, 90), (5, 5)),
-            4,
-            2,
-            64,
-            16,
-            slow_peers=True,
-            sinks=True,
-            sliding_window=32,
-        ),
+        decode,
+        mixed,
+        prefill,
+        _with_variant(decode, kv_dtype=FP8),
+        _with_variant(mixed, sinks=True, sliding_window=32),
         Case(
             "smoke_simple_add_4k", "simple_add", num_elements=4096, dtype="float32", slow_peers=True
         ),
         Case("smoke_host_cost_B1_ctx64_h4-2_d64_p16", "host_cost", ((1, 64),), 4, 2, 64, 16),
     ]
+
+
+def _with_variant(case: Case, **variant) -> Case:
+    """The case with a variant, named as every case names its variant (after the head dim)."""
+    head, page = case.name.rsplit("_p", 1)
+    return dataclasses.replace(case, name=f"{head}{_variant_tag(**variant)}_p{page}", **variant)
 
 
 def select_cases(cases, patterns) -> list[Case]:

@@ -313,10 +313,13 @@ def prebuild(modules: list[tuple]) -> dict:
     prebuild knows which peers have their kernels.
 
     First each module in turn with FlashInfer's JIT disabled: the cached ones load (one at a time:
-    XQA's libraries make CUDA calls while they load), the others say they are missing. Then the
-    missing ones build concurrently, each its own ninja process; MAX_JOBS (when unset) splits twice
-    the host's cores among those builds alone, so that memory stays bounded while the cores stay
-    busy (FA3's modules, ten sources each, are the long ones).
+    XQA's libraries make CUDA calls while they load), the others say they are missing, and name
+    their build (FlashInfer's error carries its JitSpec). Then one ninja run builds every missing
+    module at once, on all the host's cores (MAX_JOBS, when unset): the FA3 modules' ten sources
+    each and the small modules share the cores to the end, where a build per module left cores
+    idle behind the long FA3 ones. The modules it linked go where FlashInfer loads prebuilt ones
+    (its AOT directory) and load as the cached ones did. Any module still missing (the shared run
+    failed, or a peer needs a second module) builds on its own, concurrently with the others.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -328,6 +331,7 @@ def prebuild(modules: list[tuple]) -> dict:
     start = time.time()
     print(f"FlashInfer: {len(modules)} modules: "
           + ", ".join(f"{impl} for {case.name}" for impl, case in modules), flush=True)  # fmt: skip
+    builds = {}  # name -> FlashInfer's JitSpec of a missing module
 
     def load(module, cached_only: bool = False) -> str | None:
         """None when ready (or not applicable), MISSING, or the failure's message."""
@@ -341,6 +345,9 @@ def prebuild(modules: list[tuple]) -> dict:
             return None
         except Exception as error:
             if cached_only and type(error).__name__ == MISSING:
+                spec = getattr(error, "spec", None)
+                if spec is not None:
+                    builds.setdefault(spec.name, spec)
                 _say(f"to build: {label}")
                 return MISSING
             message = f"{impl} {case.name}: {type(error).__name__}: {str(error)[-300:]}"
@@ -349,27 +356,65 @@ def prebuild(modules: list[tuple]) -> dict:
         _say(f"{READY} {label} {time.time() - start:.0f} s")
         return None
 
-    disabled = os.environ.get("FLASHINFER_DISABLE_JIT")
-    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
-    try:
-        outcomes = [load(module, cached_only=True) for module in modules]
-    finally:
-        if disabled is None:
-            del os.environ["FLASHINFER_DISABLE_JIT"]
-        else:
-            os.environ["FLASHINFER_DISABLE_JIT"] = disabled
+    def load_cached(group: list) -> list:
+        disabled = os.environ.get("FLASHINFER_DISABLE_JIT")
+        os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+        try:
+            return [load(module, cached_only=True) for module in group]
+        finally:
+            if disabled is None:
+                del os.environ["FLASHINFER_DISABLE_JIT"]
+            else:
+                os.environ["FLASHINFER_DISABLE_JIT"] = disabled
+
+    outcomes = load_cached(modules)
     missing = [m for m, outcome in zip(modules, outcomes, strict=True) if outcome == MISSING]
     errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
     build_errors = []
     if missing:
-        jobs = max(2, -(-2 * (os.cpu_count() or 8) // len(missing)))
-        os.environ.setdefault("MAX_JOBS", str(jobs))
-        _say(f"FlashInfer: building {len(missing)} modules (MAX_JOBS {os.environ['MAX_JOBS']})")
-        with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-            build_errors = [e for e in pool.map(load, missing) if e]
+        os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
+        left = missing
+        if builds and _build_together(list(builds.values())):
+            # what it made loads as the cached modules did, one at a time
+            outcomes = load_cached(missing)
+            left = [m for m, outcome in zip(missing, outcomes, strict=True) if outcome == MISSING]
+            build_errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+        with ThreadPoolExecutor(max_workers=max(1, len(left))) as pool:
+            build_errors += [e for e in pool.map(load, left) if e]
     return {"modules": len(modules), "ready": len(modules) - len(errors) - len(build_errors),
             "built": len(missing) - len(build_errors), "seconds": time.time() - start,
             "errors": errors + build_errors, "max_jobs": os.environ.get("MAX_JOBS")}  # fmt: skip
+
+
+def _build_together(specs: list) -> list[str]:
+    """Build FlashInfer modules in one ninja run (FlashInfer's own build_jit_specs: a subninja
+    per module), then put each one it linked into the AOT directory, where FlashInfer loads a
+    module as it is. (Loaded from the JIT directory, a module would go through its own ninja in
+    its own directory, whose empty log makes it build again.) Returns the names placed."""
+    import shutil
+
+    from flashinfer.jit.core import build_jit_specs
+
+    names = ", ".join(spec.name for spec in specs)
+    _say(f"FlashInfer: building {len(specs)} modules in one ninja run "
+         f"(-j {os.environ['MAX_JOBS']}): {names}")  # fmt: skip
+    started = time.time()
+    try:
+        build_jit_specs(specs, verbose=False)
+    except Exception as error:  # a module that failed builds again on its own, and says why
+        message = f"{type(error).__name__}: {str(error)[-300:]}"
+        _say(f"  the shared build failed after {time.time() - started:.0f} s ({message})")
+    _, aot_dir = _dirs()
+    placed = []
+    for spec in specs:
+        so = Path(spec.jit_library_path)
+        if so.is_file() and _linked(so):
+            (aot_dir / spec.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, aot_dir / spec.name / so.name)
+            placed.append(spec.name)
+    seconds = time.time() - started
+    _say(f"FlashInfer: {len(placed)} of {len(specs)} modules built in {seconds:.0f} s")
+    return placed
 
 
 def _say(line: str) -> None:
@@ -394,14 +439,16 @@ def _cuda_arch() -> str:
 
 
 def _linked(so: Path) -> bool:
-    """Whether ninja finished linking this JIT-built module: its build log (in the module's build
-    directory) names the .so. A build stopped mid-link leaves a partial file behind, which a cache
-    must not carry: FlashInfer loads a cached module without building it again."""
-    log = so.parent / ".ninja_log"
-    if not log.is_file():
-        return False
-    fields = (line.split("\t") for line in log.read_text(errors="replace").splitlines())
-    return any(len(f) >= 4 and Path(f[3]).name == so.name for f in fields)
+    """Whether ninja finished linking this JIT-built module: a build log names the .so (the
+    module's own, in its build directory, or that of a run that built several modules, in the JIT
+    directory above). A build stopped mid-link leaves a partial file behind, which a cache must
+    not carry: FlashInfer loads a cached module without building it again."""
+    for log in (so.parent / ".ninja_log", so.parent.parent / ".ninja_log"):
+        if log.is_file():
+            fields = (line.split("\t") for line in log.read_text(errors="replace").splitlines())
+            if any(len(f) >= 4 and Path(f[3]).name == so.name for f in fields):
+                return True
+    return False
 
 
 def export_cache(dest: Path) -> list[Path]:

@@ -555,14 +555,17 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
 
 
 def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, capsys):
-    """Cached modules load one at a time with FlashInfer's JIT disabled; only the missing ones
-    build, concurrently, with the host's cores split among them; a failure is reported."""
+    """Cached modules load one at a time with FlashInfer's JIT disabled; the missing ones build
+    in one ninja run on all the host's cores and load the same way; one that run did not make
+    builds on its own; a failure is reported."""
 
-    class MissingJITCacheError(RuntimeError):  # FlashInfer's name for it
-        pass
+    class MissingJITCacheError(RuntimeError):  # FlashInfer's name for it; carries the build
+        def __init__(self, name):
+            super().__init__(name)
+            self.spec = types.SimpleNamespace(name=f"module of {name}")
 
     cached = {"decode_B32"}
-    calls = []
+    calls, shared_builds = [], []
 
     def prepare(impl):
         def make(env, case, inputs):
@@ -578,6 +581,11 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
 
         return make
 
+    def build_together(specs):  # makes the first module only (the other fails to link)
+        shared_builds.append([s.name for s in specs])
+        cached.add(specs[0].name.removeprefix("module of "))
+        return [specs[0].name]
+
     monkeypatch.setattr(flashinfer_peer, "PEERS", {
         impl: (kinds, prepare(impl)) for impl, (kinds, _) in flashinfer_peer.PEERS.items()})  # fmt: skip
     monkeypatch.setattr(flashinfer_peer, "BenchEnv", lambda on_gpu: peers.BenchEnv(False))
@@ -588,6 +596,7 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(flashinfer_peer, "_build_together", build_together)
     modules = [("flashinfer_xqa", decode_case(32, 64, (4, 1))),
                ("flashinfer_decode", decode_case(8, 64, (4, 1))),
                ("flashinfer_xqa", decode_case(8, 64, (4, 2))),
@@ -595,17 +604,58 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
     result = flashinfer_peer.prebuild(modules)
     assert result["ready"] == 3
     assert result["built"] == 2
-    assert result["max_jobs"] == "16"  # 2 x 16 cores over the 2 builds
+    assert result["max_jobs"] == "16"  # every core for the one ninja run of the missing ones
+    assert shared_builds == [[f"module of {case.name}" for _, case in modules[1:3]]]
     assert len(result["errors"]) == 1
     assert "bad plan" in result["errors"][0]
     assert calls[:4] == [(impl, case.name, True) for impl, case in modules]  # in turn, no JIT
-    assert sorted(c[:2] for c in calls[4:]) == sorted(
-        (impl, case.name) for impl, case in modules[1:3])  # fmt: skip
-    assert not any(c[2] for c in calls[4:])
+    # the two missing ones again without JIT: the first loads; the second builds on its own
+    assert calls[4:] == [(impl, case.name, True) for impl, case in modules[1:3]] + [
+        (modules[2][0], modules[2][1].name, False)]  # fmt: skip
     assert "FLASHINFER_DISABLE_JIT" not in os.environ
     out = capsys.readouterr().out
-    assert out.count("to build: ") == 2
+    assert out.count("to build: ") == 3  # the second one twice
     assert out.count(f"{flashinfer_peer.READY} flashinfer_") == 3  # the cached one, the two built
+
+
+def test_missing_modules_build_in_one_ninja_run_into_the_aot_directory(tmp_path, monkeypatch):
+    """The shared build's modules that ninja linked (its log in the JIT directory names them) go
+    where FlashInfer loads prebuilt modules; one it did not link stays out, and a failed shared
+    build is reported, not raised (its modules build on their own afterwards)."""
+    jit_dir, aot_dir = tmp_path / "jit", tmp_path / "aot"
+
+    def spec(name):
+        return types.SimpleNamespace(name=name, jit_library_path=jit_dir / name / f"{name}.so")
+
+    def build_jit_specs(specs, verbose):  # links all but the last: stopped mid-link
+        log = ["# ninja log v7"]
+        for s in specs:
+            s.jit_library_path.parent.mkdir(parents=True)
+            s.jit_library_path.write_bytes(s.name.encode())
+            log.append(f"1\t2\t0\t{s.jit_library_path}\t1a")
+        (jit_dir / ".ninja_log").write_text("\n".join(log[:-1]) + "\n")
+        seen.append([s.name for s in specs])
+
+    seen = []
+    core = types.ModuleType("flashinfer.jit.core")
+    core.build_jit_specs = build_jit_specs
+    for name in ("flashinfer", "flashinfer.jit"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.core", core)
+    monkeypatch.setattr(flashinfer_peer, "_dirs", lambda: (jit_dir, aot_dir))
+    monkeypatch.setenv("MAX_JOBS", "16")
+    specs = [spec("batch_prefill_fa3"), spec("xqa_small"), spec("batch_prefill_sink")]
+    assert flashinfer_peer._build_together(specs) == ["batch_prefill_fa3", "xqa_small"]
+    assert seen == [["batch_prefill_fa3", "xqa_small", "batch_prefill_sink"]]
+    for name in ("batch_prefill_fa3", "xqa_small"):
+        assert (aot_dir / name / f"{name}.so").read_bytes() == name.encode()
+    assert not (aot_dir / "batch_prefill_sink").exists()
+
+    def failing(specs, verbose):
+        raise RuntimeError("Ninja build failed.")
+
+    core.build_jit_specs = failing
+    assert flashinfer_peer._build_together([spec("other")]) == []
 
 
 def test_flashinfer_cache_round_trip_in_parts(tmp_path, monkeypatch):

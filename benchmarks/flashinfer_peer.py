@@ -379,6 +379,9 @@ def prebuild(modules: list[tuple]) -> dict:
             outcomes = load_cached(missing)
             left = [m for m, outcome in zip(missing, outcomes, strict=True) if outcome == MISSING]
             build_errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+        if left:  # built one by one: the cores split among those builds, memory bounded
+            jobs = max(2, -(-2 * (os.cpu_count() or 8) // len(left)))
+            os.environ["MAX_JOBS"] = str(min(jobs, int(os.environ["MAX_JOBS"])))
         with ThreadPoolExecutor(max_workers=max(1, len(left))) as pool:
             build_errors += [e for e in pool.map(load, left) if e]
     return {"modules": len(modules), "ready": len(modules) - len(errors) - len(build_errors),
@@ -395,23 +398,37 @@ def _build_together(specs: list) -> list[str]:
 
     from flashinfer.jit.core import build_jit_specs
 
-    names = ", ".join(spec.name for spec in specs)
-    _say(f"FlashInfer: building {len(specs)} modules in one ninja run "
+    _, aot_dir = _dirs()
+
+    def place(spec) -> bool:
+        """Copy a linked module into the AOT directory under a temporary name, then rename it:
+        a copy cut short never sits where FlashInfer would load it."""
+        so = Path(spec.jit_library_path)
+        if not (so.is_file() and _linked(so)):
+            return False
+        try:
+            (aot_dir / spec.name).mkdir(parents=True, exist_ok=True)
+            partial = aot_dir / spec.name / f".{so.name}.partial"
+            shutil.copy2(so, partial)
+            os.replace(partial, aot_dir / spec.name / so.name)
+        except OSError as error:  # e.g. a read-only install: the module builds on its own
+            _say(f"  {spec.name}: not placed ({error})")
+            return False
+        return True
+
+    placed = [spec.name for spec in specs if place(spec)]  # built before, by a run of its own
+    todo = [spec for spec in specs if spec.name not in placed]
+    names = ", ".join(spec.name for spec in todo)
+    _say(f"FlashInfer: building {len(todo)} modules in one ninja run "
          f"(-j {os.environ['MAX_JOBS']}): {names}")  # fmt: skip
     started = time.time()
     try:
-        build_jit_specs(specs, verbose=False)
+        if todo:
+            build_jit_specs(todo, verbose=False)
     except Exception as error:  # a module that failed builds again on its own, and says why
         message = f"{type(error).__name__}: {str(error)[-300:]}"
         _say(f"  the shared build failed after {time.time() - started:.0f} s ({message})")
-    _, aot_dir = _dirs()
-    placed = []
-    for spec in specs:
-        so = Path(spec.jit_library_path)
-        if so.is_file() and _linked(so):
-            (aot_dir / spec.name).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(so, aot_dir / spec.name / so.name)
-            placed.append(spec.name)
+    placed += [spec.name for spec in todo if place(spec)]
     seconds = time.time() - started
     _say(f"FlashInfer: {len(placed)} of {len(specs)} modules built in {seconds:.0f} s")
     return placed

@@ -367,18 +367,19 @@ def prebuild(modules: list[tuple]) -> dict:
             else:
                 os.environ["FLASHINFER_DISABLE_JIT"] = disabled
 
-    outcomes = load_cached(modules)
-    missing = [m for m, outcome in zip(modules, outcomes, strict=True) if outcome == MISSING]
-    errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+    def split(group: list, outcomes: list) -> tuple[list, list]:
+        """(the modules still missing, the failures' messages) of one pass over `group`."""
+        still = [m for m, outcome in zip(group, outcomes, strict=True) if outcome == MISSING]
+        return still, [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+
+    missing, errors = split(modules, load_cached(modules))
     build_errors = []
     if missing:
         os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
         left = missing
         if builds and _build_together(list(builds.values())):
             # what it made loads as the cached modules did, one at a time
-            outcomes = load_cached(missing)
-            left = [m for m, outcome in zip(missing, outcomes, strict=True) if outcome == MISSING]
-            build_errors = [outcome for outcome in outcomes if outcome not in (None, MISSING)]
+            left, build_errors = split(missing, load_cached(missing))
         if left:  # built one by one: the cores split among those builds, memory bounded
             jobs = max(2, -(-2 * (os.cpu_count() or 8) // len(left)))
             os.environ["MAX_JOBS"] = str(min(jobs, int(os.environ["MAX_JOBS"])))
@@ -430,7 +431,7 @@ def _build_together(specs: list) -> list[str]:
         _say(f"  the shared build failed after {time.time() - started:.0f} s ({message})")
     placed += [spec.name for spec in todo if place(spec)]
     seconds = time.time() - started
-    _say(f"FlashInfer: {len(placed)} of {len(specs)} modules built in {seconds:.0f} s")
+    _say(f"FlashInfer: {len(placed)} of {len(specs)} modules ready to load after {seconds:.0f} s")
     return placed
 
 

@@ -149,6 +149,9 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
 
             timing = timed()
             entry.update(_summarise(timing, case, record, ceilings), status="ok")
+            impossible = _impossible(record, entry)
+            if impossible is not None:
+                entry.update(status="invalid", reason=impossible)
             if runner.notes:
                 entry["notes"] = runner.notes
             if spec.name in ("xgo_torch", "xgo_jax_graph") or (
@@ -280,6 +283,25 @@ def _fingerprint(copies: list[dict]) -> list[int]:
 
 def case_seed(case) -> int:
     return sum(ord(ch) for ch in case.name) * 97
+
+
+# A timing this much faster than the bytes floor (at the read bandwidth measured in the run) is
+# impossible: the datasheet bandwidth of an H100 or H200 is 1.10x what torch.sum reads at.
+MAX_FRAC_FLOOR = 1.15
+
+
+def _impossible(record: dict, entry: dict) -> str | None:
+    """Why the entry's timing cannot be the work it claims (None: it can). Calls that did not run
+    their kernels (a launch that failed silently after a failed graph capture) time as fast as
+    their launches."""
+    if record["kind"] not in ("decode", "prefill", "mixed") or not record.get("floor_us"):
+        return None
+    if entry["frac_floor"] <= MAX_FRAC_FLOOR:
+        return None
+    return (
+        f"{entry['median_us']:.1f} µs is {entry['frac_floor']:.1f}x faster than the bytes "
+        f"floor ({record['floor_us']:.1f} µs): its calls did not do the work ({entry['method']})"
+    )
 
 
 def _summarise(timing, case, record, ceilings) -> dict:

@@ -224,9 +224,12 @@ GPT_OSS_WINDOW = 128  # the window of gpt-oss's sliding layers (its other layers
 
 def fp8_cases() -> list[Case]:
     """The fp8 cache on the rows of its targets: the decode anchor, causal prefill B8 x 2k and
-    B1 x 8k at D 128, the mixed batch."""
+    B1 x 8k at D 128, the mixed batch, then the prefill rows at D 64 and 256. Each has a bf16-cache
+    twin in the grid (the same name without "_fp8") for its verdict."""
+    prefill = [prefill_case(batch, length, head_dim, kv_dtype=FP8) for head_dim in (64, 256)
+               for batch, length in ((8, 2048), (1, 8192))]  # fmt: skip
     return [decode_case(32, 4096, (32, 8), kv_dtype=FP8), prefill_case(8, 2048, kv_dtype=FP8),
-            prefill_case(1, 8192, kv_dtype=FP8), mixed_case(kv_dtype=FP8)]  # fmt: skip
+            prefill_case(1, 8192, kv_dtype=FP8), mixed_case(kv_dtype=FP8), *prefill]  # fmt: skip
 
 
 def gpt_oss_cases(window: int | None) -> list[Case]:

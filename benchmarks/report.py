@@ -31,6 +31,11 @@ RECORD_NOISE_PCT = 3.0
 RECORD_NOISE_US = 0.5
 HOST_COST_ORDER = ("xgo_op", "xgo_wrapper", "xgo_launcher")
 FLASHINFER = ("flashinfer_decode", "flashinfer_prefill")
+XQA = ("flashinfer_xqa",)  # vLLM's decode kernel on Hopper
+# An fp8 (e4m3) KV cache against the bf16 cache of the same shape (the row without "_fp8"):
+# decode at least this much faster; prefill and mixed batches at most this much slower.
+FP8_DECODE_SPEEDUP = 1.8
+FP8_TIME_RATIO = {"prefill": 1.1, "mixed": 1.0}
 SDPA = ("torch_sdpa_contiguous", "torch_sdpa")
 
 
@@ -105,15 +110,45 @@ def _row(record, name, entry, target: str, verdict: str) -> dict:
             "target": target, "verdict": verdict}  # fmt: skip
 
 
-def _vs_flashinfer(record, name, entry) -> dict:
-    peer = _peer(record, FLASHINFER)
-    target = "≤ FlashInfer's time (same inputs)"
+def _vs_peer(record, name, entry, peers=FLASHINFER, what="FlashInfer") -> dict:
+    peer = _peer(record, peers)
+    target = f"≤ {what}'s time (same inputs)"
     if peer is None:
-        status = [record["impls"].get(n) for n in FLASHINFER if n in record["impls"]]
+        status = [record["impls"].get(n) for n in peers if n in record["impls"]]
         why = (status[0].get("reason") or status[0].get("status")) if status else "absent"
-        return _row(record, name, entry, target, f"no FlashInfer number ({why})")
+        return _row(record, name, entry, target, f"no {what} number ({why})")
     return _row(record, name, entry, target,
-                _time_verdict(*_with_note(entry, peer[1]["median_us"], "FlashInfer")))  # fmt: skip
+                _time_verdict(*_with_note(entry, peer[1]["median_us"], what)))  # fmt: skip
+
+
+def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
+    """An fp8-cache row against its bf16-cache twin (the same name without "_fp8"): our slower
+    fp8 timing against our faster bf16 one. None for a row without an fp8 cache."""
+    if "_fp8" not in record["name"]:
+        return None
+    kind = record["kind"]
+    if kind == "decode":
+        target = f"fp8 cache ≥ {FP8_DECODE_SPEEDUP:.1f}x faster than the bf16 cache"
+    else:
+        target = f"fp8-cache time ≤ {FP8_TIME_RATIO[kind]:.1f}x the bf16 cache's"
+    twin = by_name.get(record["name"].replace("_fp8", ""))
+    best = primary(twin) if twin and not twin.get("skipped") else None
+    if best is None:
+        return _row(record, name, entry, target, "no bf16-cache number (its row did not run)")
+    fp8_us, _ = _ours_us(entry)
+    bf16_us = min(t for t in (best[1]["median_us"], best[1].get("median_us_repeat")) if t)
+    pair = f"{fp8_us:.1f} µs fp8 against {bf16_us:.1f} µs bf16"
+    if kind == "decode":
+        speedup = bf16_us / fp8_us
+        met = speedup >= FP8_DECODE_SPEEDUP
+        shown = f"{speedup:.2f}x {'≥' if met else '<'} {FP8_DECODE_SPEEDUP:.1f}x"
+        verdict = "met" if met else f"MISSED by {100 * (1 - speedup / FP8_DECODE_SPEEDUP):.0f}%"
+    else:
+        ratio, limit = fp8_us / bf16_us, FP8_TIME_RATIO[kind]
+        met = ratio <= limit
+        shown = f"{ratio:.2f}x {'≤' if met else '>'} {limit:.1f}x"
+        verdict = "met" if met else f"MISSED by {100 * (ratio / limit - 1):.0f}%"
+    return _row(record, name, entry, target, f"{verdict} ({shown}: {pair})")
 
 
 def _with_note(entry: dict, limit_us: float, what: str) -> tuple[float, float, str, str]:
@@ -133,6 +168,7 @@ def verdicts(results: dict) -> list[dict]:
     if not gpu:
         return []
     device = gpu.get("name") or ""
+    by_name = {record["name"]: record for record in results["cases"]}
     out = []
     for record in results["cases"]:
         if record.get("skipped"):
@@ -155,7 +191,8 @@ def verdicts(results: dict) -> list[dict]:
                             f"{'≤' if met else '>'} {ANCHOR_H200_TARGET_US:.0f} µs")  # fmt: skip
             out.append(_row(record, name, entry, f"≥ {target:.2f} of read-bandwidth floor",
                             verdict))  # fmt: skip
-            out.append(_vs_flashinfer(record, name, entry))
+            out.append(_vs_peer(record, name, entry))
+            out.append(_vs_peer(record, name, entry, XQA, "XQA"))
         elif kind == "mixed":
             out.append(
                 _row(
@@ -167,7 +204,7 @@ def verdicts(results: dict) -> list[dict]:
                 )
             )
         elif kind == "prefill":
-            out.append(_vs_flashinfer(record, name, entry))
+            out.append(_vs_peer(record, name, entry))
             target = f"≥ {PREFILL_VS_SDPA}× torch SDPA's throughput (contiguous K/V)"
             sdpa = _peer(record, SDPA)
             if sdpa is None:
@@ -193,6 +230,10 @@ def verdicts(results: dict) -> list[dict]:
             out.append(_row(record, name, entry,
                             f"XLA custom call ≤ {OVERHEAD_TARGET_US:.0f} µs over eager; graph captured",
                             _overhead_verdict(record)))  # fmt: skip
+        if kind in ("decode", "prefill", "mixed"):
+            fp8 = _vs_bf16_cache(record, name, entry, by_name)
+            if fp8 is not None:
+                out.append(fp8)
     out.append(record_verdict(results))
     return out
 
@@ -388,7 +429,8 @@ def _cross_text(record: dict) -> str:
 
 
 def _short_target(target: str) -> str:
-    for word, short in (("FlashInfer", "FlashInfer"), ("SDPA", "0.9x SDPA"), ("floor", "floor"),
+    for word, short in (("FlashInfer", "FlashInfer"), ("XQA", "XQA"), ("fp8", "fp8 vs bf16"),
+                        ("SDPA", "0.9x SDPA"), ("floor", "floor"),
                         ("host time", "host µs"), ("XLA", "XLA overhead")):  # fmt: skip
         if word in target:
             return short
@@ -481,8 +523,9 @@ def summary(results: dict) -> list[str]:
             rows = [v for v in judged if v["case"] == record["name"]]
             lines.append(f"Eager host µs per call ({record['name']}): " + " · ".join(parts)
                          + (f"; {_judged(rows)}." if rows else "."))  # fmt: skip
-    lines += [f"Failed: {r['name']} {n}: {e.get('reason', '')}" for r in results["cases"]
-              for n, e in r.get("impls", {}).items() if e.get("status") == "failed"]  # fmt: skip
+    lines += [f"{e['status'].capitalize()}: {r['name']} {n}: {e.get('reason', '')}"
+              for r in results["cases"] for n, e in r.get("impls", {}).items()
+              if e.get("status") in ("failed", "invalid")]  # fmt: skip
     return lines
 
 

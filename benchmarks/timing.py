@@ -127,7 +127,10 @@ def time_torch(
             # torch.cuda.graph() empties the cache as it starts: free it here and wait it out
             # (after the warm-up, whose temporaries would otherwise be freed unwaited)
             release_cached_memory()
-            with torch.cuda.graph(cuda_graph):
+            # thread_local: a CUDA call of another thread (XLA's runtime shares the process)
+            # cannot invalidate the capture. A global-mode capture was invalidated once on an
+            # H200, and that worker's heap was corrupted soon after.
+            with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
                 run_loop()
             cuda_graph.replay()
             torch.cuda.synchronize()

@@ -753,6 +753,53 @@ def test_verdicts_take_the_slower_of_two_timings():
     assert _verdict(results, "decode", "floor").startswith("MISSED by 5% (0.86 < 0.90")
 
 
+def test_verdicts_hold_xqa_and_the_fp8_cache_against_its_bf16_twin():
+    """Decode rows are judged against XQA too; an fp8-cache row against the bf16-cache row of the
+    same name without "_fp8": our slower fp8 timing against our faster bf16 one."""
+    results = _gpu_results()
+    decode, prefill = results["cases"][:2]
+    decode["impls"]["flashinfer_xqa"] = _entry(63.0)
+    fp8_decode = {**decode, "name": decode["name"].replace("_d128", "_d128_fp8"),
+                  "impls": {"xgo_torch": _entry(40.0, role="ours", median_us_repeat=41.0)}}  # fmt: skip
+    fp8_prefill = {**prefill, "name": prefill["name"].replace("_d128", "_d128_fp8"),
+                   "impls": {"xgo_torch": _entry(980.0, role="ours")}}  # fmt: skip
+    results["cases"] += [fp8_decode, fp8_prefill]
+    results["verdicts"] = report.verdicts(results)
+    assert _verdict(results, "decode_B1_ctx64k_h32-8_d128_p16", "XQA").startswith(
+        "MISSED by 2% (64.0 > 63.0 µs XQA"
+    )
+    # bf16 64.0 µs / fp8 41.0 µs (the slower) = 1.56x
+    assert _verdict(results, fp8_decode["name"], "fp8").startswith(
+        "MISSED by 13% (1.56x < 1.8x: 41.0 µs fp8 against 64.0 µs bf16)"
+    )
+    assert _verdict(results, fp8_prefill["name"], "fp8").startswith("met (1.09x ≤ 1.1x")
+    prefill["impls"]["xgo_torch"]["median_us_repeat"] = 800.0  # the faster bf16 timing counts
+    results["verdicts"] = report.verdicts(results)
+    assert _verdict(results, fp8_prefill["name"], "fp8").startswith("MISSED by 11% (1.23x > 1.1x")
+    results["cases"] = [c for c in results["cases"] if c is not prefill]
+    results["verdicts"] = report.verdicts(results)
+    assert _verdict(results, fp8_prefill["name"], "fp8").startswith("no bf16-cache number")
+
+
+def test_a_timing_faster_than_the_bytes_floor_is_invalid():
+    """Calls that did not run their kernels time as fast as their launches: such a timing is
+    recorded as invalid, with its reason, not as a peer's time."""
+    record = {"kind": "decode", "floor_us": 488.8}
+    fine = {"median_us": 480.5, "frac_floor": 488.8 / 480.5, "method": "m"}
+    assert case_runner._impossible(record, fine) is None
+    broken = {"median_us": 26.7, "frac_floor": 488.8 / 26.7, "method": "torch eager loop"}
+    assert "18.3x faster than the bytes floor (488.8 µs)" in case_runner._impossible(record, broken)
+    assert case_runner._impossible({"kind": "simple_add", "floor_us": 488.8}, broken) is None
+    results = _gpu_results()
+    results["cases"][0]["impls"]["flashinfer_xqa"] = {"role": "peer", "status": "invalid",
+                                                      "reason": "too fast"}  # fmt: skip
+    lines = report.summary(results)
+    assert "Invalid: decode_B1_ctx64k_h32-8_d128_p16 flashinfer_xqa: too fast" in lines
+    assert "no XQA number (too fast)" in _verdict(
+        {**results, "verdicts": report.verdicts(results)}, "decode", "XQA"
+    )
+
+
 def test_record_comparison_needs_the_same_device():
     same = _gpu_results(ours_prefill=900.0)  # 800 -> 900 µs: 12.5 % slower
     verdict = _verdict(same, "all rows", "record")

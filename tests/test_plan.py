@@ -23,7 +23,8 @@ ATTRS = {"scale": 0.1, "sliding_window": None, "soft_cap": None, "k_scale": None
 
 
 def paged_call(num_tokens, max_num_seqs, head_dim=128, dtype="bfloat16", kv_dtype=None,
-               num_q_heads=32, num_kv_heads=8, page_size=16, pages_per_seq=512):  # fmt: skip
+               num_q_heads=32, num_kv_heads=8, page_size=16, pages_per_seq=512,
+               sliding_window=None):  # fmt: skip
     """(XgoCall, workspace elements Describe reports) of a call of these static shapes."""
     shapes = [
         (num_tokens, num_q_heads, head_dim),
@@ -35,7 +36,8 @@ def paged_call(num_tokens, max_num_seqs, head_dim=128, dtype="bfloat16", kv_dtyp
         (0,),  # no sinks
     ]
     dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32", "float32"]
-    call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, ATTRS)
+    attrs = {**ATTRS, "sliding_window": sliding_window}
+    call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, attrs)
     assert results[1].dtype == "float32"
     return call, results[1].shape[0]
 
@@ -109,3 +111,20 @@ def test_plan_hook_runs_the_static_checks():
                               ops.PAGED_ATTENTION.encode_attrs(ATTRS))  # fmt: skip
     with pytest.raises(ValueError, match="head_dim"):
         plan(call, True)
+
+
+def test_a_sliding_window_bounds_the_decode_splits():
+    """A decode block under a window reads at most window + its tokens - 1 keys from a tile edge:
+    B32 x 8k decode (Hq 32 / Hkv 8: 4 heads and 4 tokens a block, 320 blocks) takes 26 splits
+    without a window, 4 with a window of 128 (128 + 3 + 63 keys over 64-key tiles); each split
+    holds a softmax state (2 floats) and a 128-float output per token and head. Prefill plans
+    keep their splits."""
+    call, plain = paged_call(num_tokens=32, max_num_seqs=32)
+    windowed_call, windowed = paged_call(num_tokens=32, max_num_seqs=32, sliding_window=128)
+    assert plan(call, True) == ("decode_mma", plain)
+    assert plan(windowed_call, True) == ("decode_mma", windowed)
+    assert plain - windowed == (26 - 4) * 32 * 32 * (2 + 128)
+    _, long_window = paged_call(num_tokens=32, max_num_seqs=32, sliding_window=8192)
+    assert long_window == plain
+    _, prefill = paged_call(num_tokens=8192, max_num_seqs=2)
+    assert paged_call(num_tokens=8192, max_num_seqs=2, sliding_window=128)[1] == prefill

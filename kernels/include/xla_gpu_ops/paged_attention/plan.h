@@ -157,7 +157,15 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   int64_t splits = (target + blocks - 1) / blocks;
   const int64_t min_split_keys =
       p.path == AttentionPath::kDecodeMma ? kMinDecodeSplitKeys : kMinSplitKeys;
-  const int64_t by_length = (capacity + min_split_keys - 1) / min_split_keys;
+  // A decode block's keys under a sliding window: its rows span tokens_per_tile positions and
+  // its range starts on a tile edge (SplitKeyRange), whatever the context length. Splits past
+  // those keys would find no tile and still be launched and merged.
+  int64_t keys = capacity;
+  if (p.path == AttentionPath::kDecodeMma && c.sliding_window > 0) {
+    const int64_t window_keys = c.sliding_window + p.tokens_per_tile - 1 + kMmaTileKeys - 1;
+    if (window_keys < keys) keys = window_keys;
+  }
+  const int64_t by_length = (keys + min_split_keys - 1) / min_split_keys;
   if (splits > by_length) splits = by_length;
   if (splits > kMaxSplits) splits = kMaxSplits;
   if (splits < 1) splits = 1;

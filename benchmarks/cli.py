@@ -98,6 +98,8 @@ def _flashinfer(argv: list[str]) -> int:
     build.add_argument("--cases", nargs="*", default=(), help="case name substrings")
     build.add_argument("--skip-impls", nargs="*", default=(), metavar="IMPL",
                        help="FlashInfer peers the run leaves out, e.g. flashinfer_xqa")  # fmt: skip
+    build.add_argument("--cached-only", action="store_true",
+                       help="build nothing: place what a stopped build linked, load what is there")  # fmt: skip
     export = sub.add_parser("export-cache", help="pack the built modules into FILE")
     export.add_argument("file", type=Path)
     load = sub.add_parser("import-cache", help="unpack FILE (or FILE.part0, ...) for FlashInfer")
@@ -116,7 +118,8 @@ def _flashinfer(argv: list[str]) -> int:
         # a run that stops the prebuild asks for every thread's stack first (run.stream_process)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         cases = select_cases(all_cases(args.quick), args.cases)
-        result = flashinfer_peer.prebuild(flashinfer_peer.modules_needed(cases, args.skip_impls))
+        result = flashinfer_peer.prebuild(flashinfer_peer.modules_needed(cases, args.skip_impls),
+                                          build=not args.cached_only)  # fmt: skip
         print(f"FlashInfer modules ready: {result.get('ready', 0)} of {result['modules']}, "
               f"{result.get('built', 0)} of them built, in {result['seconds']:.0f} s",
               flush=True)  # fmt: skip

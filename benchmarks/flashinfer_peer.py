@@ -307,10 +307,11 @@ READY = "ready"  # prebuild's line per module loaded: "ready IMPL CASE ..."
 MISSING = "MissingJITCacheError"  # FlashInfer's error for a module it may not build (JIT disabled)
 
 
-def prebuild(modules: list[tuple]) -> dict:
+def prebuild(modules: list[tuple], build: bool = True) -> dict:
     """Load (JIT-building where needed) each module by running its peer once on its one-page case.
     Prints one line per module as it becomes ready (READY) or fails, so that a run that stops the
-    prebuild knows which peers have their kernels.
+    prebuild knows which peers have their kernels. build=False builds nothing: it places what a
+    stopped build linked (place_linked) and loads what is there.
 
     First each module in turn with FlashInfer's JIT disabled: the cached ones load (one at a time:
     XQA's libraries make CUDA calls while they load), the others say they are missing, and name
@@ -329,6 +330,10 @@ def prebuild(modules: list[tuple]) -> dict:
         return {"modules": 0, "seconds": 0.0, "errors": []}
     env = BenchEnv(True)
     start = time.time()
+    if not build:
+        placed = place_linked()
+        _say(f"FlashInfer: {len(placed)} modules a stopped build linked, now ready to load"
+             + (f": {', '.join(placed)}" if placed else ""))  # fmt: skip
     print(f"FlashInfer: {len(modules)} modules: "
           + ", ".join(f"{impl} for {case.name}" for impl, case in modules), flush=True)  # fmt: skip
     builds = {}  # name -> FlashInfer's JitSpec of a missing module
@@ -374,6 +379,9 @@ def prebuild(modules: list[tuple]) -> dict:
 
     missing, errors = split(modules, load_cached(modules))
     build_errors = []
+    if missing and not build:
+        return {"modules": len(modules), "ready": len(modules) - len(errors) - len(missing),
+                "built": 0, "seconds": time.time() - start, "errors": errors}  # fmt: skip
     if missing:
         os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
         left = missing
@@ -395,27 +403,12 @@ def _build_together(specs: list) -> list[str]:
     per module), then put each one it linked into the AOT directory, where FlashInfer loads a
     module as it is. (Loaded from the JIT directory, a module would go through its own ninja in
     its own directory, whose empty log makes it build again.) Returns the names placed."""
-    import shutil
-
     from flashinfer.jit.core import build_jit_specs
 
     _, aot_dir = _dirs()
 
     def place(spec) -> bool:
-        """Copy a linked module into the AOT directory under a temporary name, then rename it:
-        a copy cut short never sits where FlashInfer would load it."""
-        so = Path(spec.jit_library_path)
-        if not (so.is_file() and _linked(so)):
-            return False
-        try:
-            (aot_dir / spec.name).mkdir(parents=True, exist_ok=True)
-            partial = aot_dir / spec.name / f".{so.name}.partial"
-            shutil.copy2(so, partial)
-            os.replace(partial, aot_dir / spec.name / so.name)
-        except OSError as error:  # e.g. a read-only install: the module builds on its own
-            _say(f"  {spec.name}: not placed ({error})")
-            return False
-        return True
+        return _place(Path(spec.jit_library_path), spec.name, aot_dir)
 
     placed = [spec.name for spec in specs if place(spec)]  # built before, by a run of its own
     todo = [spec for spec in specs if spec.name not in placed]
@@ -432,6 +425,37 @@ def _build_together(specs: list) -> list[str]:
     placed += [spec.name for spec in todo if place(spec)]
     seconds = time.time() - started
     _say(f"FlashInfer: {len(placed)} of {len(specs)} modules ready to load after {seconds:.0f} s")
+    return placed
+
+
+def _place(so: Path, name: str, aot_dir: Path) -> bool:
+    """Copy a module ninja linked into the AOT directory under a temporary name, then rename it:
+    a copy cut short never sits where FlashInfer would load it."""
+    import shutil
+
+    if not (so.is_file() and _linked(so)):
+        return False
+    try:
+        (aot_dir / name).mkdir(parents=True, exist_ok=True)
+        partial = aot_dir / name / f".{so.name}.partial"
+        shutil.copy2(so, partial)
+        os.replace(partial, aot_dir / name / so.name)
+    except OSError as error:  # e.g. a read-only install: the module builds on its own
+        _say(f"  {name}: not placed ({error})")
+        return False
+    return True
+
+
+def place_linked() -> list[str]:
+    """Put each module the JIT directory holds linked but the AOT directory lacks (a shared build
+    stopped part way) where FlashInfer loads prebuilt modules; returns their names."""
+    jit_dir, aot_dir = _dirs()
+    placed = []
+    for so in sorted(jit_dir.glob("*/*.so")) if jit_dir.is_dir() else []:
+        name = so.parent.name
+        there = (aot_dir / name / so.name).exists()
+        if MODULE_FILE.match(f"{name}/{so.name}") and not there and _place(so, name, aot_dir):
+            placed.append(name)
     return placed
 
 

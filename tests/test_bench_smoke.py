@@ -507,24 +507,28 @@ def test_a_stopped_prebuild_stops_its_compilers_and_keeps_its_lines(tmp_path):
 
 
 def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
-    """A prebuild stopped at its share of the time limit: a peer sits out the cases whose module
-    is not ready (recorded as skipped, with the reason) and runs the others; ours runs on all."""
+    """A prebuild stopped at its share of the time limit: a second pass that builds nothing loads
+    what the stopped build linked; a peer sits out the cases whose module is still not ready
+    (recorded as skipped, with the reason) and runs the others; ours runs on all."""
     monkeypatch.setattr(flashinfer_peer, "unavailable", lambda: None)
     anchor, bf16, fp8 = ("decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16",
                          "prefill_B8_len2k_h32-8_d128_fp8_p16")  # fmt: skip
     config = {"quick": False, "on_gpu": True, "skip_impls": [], "deadline": time.time() + 100,
               "patterns": [anchor, bf16, fp8]}  # fmt: skip
-    seen = {}
+    seen = {"cached_lines": [f"ready flashinfer_prefill one_page_of_{fp8} 1 s"]}
 
     def stopped(cmd, timeout, stack_signal=None):
+        if "--cached-only" in cmd:  # the second pass: its lines, within its own time
+            seen["cached_pass"] = timeout
+            return seen["cached_lines"], 0
         seen["timeout"], seen["signal"] = timeout, stack_signal
-        return ["FlashInfer: 5 modules", f"ready flashinfer_xqa one_page_of_{anchor} 4 s",
-                f"ready flashinfer_prefill one_page_of_{fp8} 9 s"], None  # fmt: skip
+        return ["FlashInfer: 5 modules", f"ready flashinfer_xqa one_page_of_{anchor} 4 s"], None
 
     monkeypatch.setattr(run, "stream_process", stopped)
     result = run.prebuild_flashinfer(config)
     assert 45 < seen["timeout"] <= 50  # half of what is left
     assert seen["signal"] == signal.SIGUSR1  # its stacks first
+    assert seen["cached_pass"] == run.CACHED_PASS_S
     assert sorted(result["left_out"]) == [f"flashinfer_decode for one page of {anchor}",
                                           f"flashinfer_prefill for one page of {bf16}"]  # fmt: skip
     reasons = workers.left_out(config)
@@ -542,6 +546,7 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
     # the host-cost row's FlashInfer peer is the decode peer on its decode: out with that module
     config_host = {**config, "patterns": [anchor, "host_cost"]}
     config_host.pop("left_out", None)
+    seen["cached_lines"] = []
     run.prebuild_flashinfer(config_host)
     host = select_cases(all_cases(False), ["host_cost"])[0].name
     assert f"flashinfer_decode:{host}" in workers.left_out(config_host)
@@ -616,6 +621,16 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
     out = capsys.readouterr().out
     assert out.count("to build: ") == 3  # the second one twice
     assert out.count(f"{flashinfer_peer.READY} flashinfer_") == 3  # the cached one, the two built
+    # build=False: what a stopped build linked is placed first; nothing builds
+    monkeypatch.setattr(flashinfer_peer, "place_linked", lambda: ["module of the stopped build"])
+    cached.clear()
+    calls.clear()
+    shared_builds.clear()
+    result = flashinfer_peer.prebuild(modules[:3], build=False)
+    assert (result["ready"], result["built"], result["errors"]) == (0, 0, [])
+    assert shared_builds == []
+    assert calls == [(impl, case.name, True) for impl, case in modules[:3]]  # JIT disabled only
+    assert "1 modules a stopped build linked" in capsys.readouterr().out
 
 
 def test_missing_modules_build_in_one_ninja_run_into_the_aot_directory(tmp_path, monkeypatch):
@@ -650,6 +665,15 @@ def test_missing_modules_build_in_one_ninja_run_into_the_aot_directory(tmp_path,
     for name in ("batch_prefill_fa3", "xqa_small"):
         assert (aot_dir / name / f"{name}.so").read_bytes() == name.encode()
     assert not (aot_dir / "batch_prefill_sink").exists()
+
+    # a stopped shared build: its linked modules the AOT directory lacks are placed, once
+    (jit_dir / "xqa_late").mkdir()
+    (jit_dir / "xqa_late" / "xqa_late.so").write_bytes(b"late")
+    with (jit_dir / ".ninja_log").open("a") as log:
+        log.write(f"3\t4\t0\t{jit_dir / 'xqa_late' / 'xqa_late.so'}\t1a\n")
+    assert flashinfer_peer.place_linked() == ["xqa_late"]
+    assert (aot_dir / "xqa_late" / "xqa_late.so").read_bytes() == b"late"
+    assert flashinfer_peer.place_linked() == []  # batch_prefill_sink: never linked
 
     def failing(specs, verbose):
         raise RuntimeError("Ninja build failed.")

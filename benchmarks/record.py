@@ -162,7 +162,7 @@ def readme(record: dict, checks: bool = False) -> str:
         + f"; verdicts {counts['met']} met, {counts['missed']} missed"
         + (f", {counts['other']} not judged" if counts["other"] else "") + ".",
     ]  # fmt: skip
-    if compared is not None and not base.get("commit"):
+    if compared is not None and not base:
         lines.append(f"- The first record of this GPU kind: {compared['verdict']}.")
     elif compared is not None:
         lines.append(f"- Against the record before it (commit {str(base.get('commit'))[:7]}, "

@@ -122,8 +122,9 @@ def _vs_peer(record, name, entry, peers=FLASHINFER, what="FlashInfer") -> dict:
 
 
 def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
-    """An fp8-cache row against its bf16-cache twin (the same name without "_fp8"): our slower
-    fp8 timing against our faster bf16 one. None for a row without an fp8 cache."""
+    """An fp8-cache row against its bf16-cache twin (the same name without "_fp8"), the same
+    implementation of ours: its slower fp8 timing against its faster bf16 one. None for a row
+    without an fp8 cache."""
     if "_fp8" not in record["name"]:
         return None
     kind = record["kind"]
@@ -132,11 +133,15 @@ def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
     else:
         target = f"fp8-cache time ≤ {FP8_TIME_RATIO[kind]:.1f}x the bf16 cache's"
     twin = by_name.get(record["name"].replace("_fp8", ""))
-    best = primary(twin) if twin and not twin.get("skipped") else None
-    if best is None:
-        return _row(record, name, entry, target, "no bf16-cache number (its row did not run)")
+    if twin is None or twin.get("skipped"):
+        why = twin["skipped"] if twin else "its row is not in the run"
+        return _row(record, name, entry, target, f"no bf16-cache number ({why})")
+    same = twin["impls"].get(name, {})
+    if same.get("status") != "ok":
+        why = same.get("reason") or same.get("status", "absent")
+        return _row(record, name, entry, target, f"no bf16-cache number for {name} ({why})")
     fp8_us, _ = _ours_us(entry)
-    bf16_us = min(t for t in (best[1]["median_us"], best[1].get("median_us_repeat")) if t)
+    bf16_us = min(same["median_us"], same.get("median_us_repeat") or same["median_us"])
     pair = f"{fp8_us:.1f} µs fp8 against {bf16_us:.1f} µs bf16"
     if kind == "decode":
         speedup = bf16_us / fp8_us
@@ -192,7 +197,8 @@ def verdicts(results: dict) -> list[dict]:
             out.append(_row(record, name, entry, f"≥ {target:.2f} of read-bandwidth floor",
                             verdict))  # fmt: skip
             out.append(_vs_peer(record, name, entry))
-            out.append(_vs_peer(record, name, entry, XQA, "XQA"))
+            if any(n in record["impls"] for n in XQA):  # records from before XQA lack it
+                out.append(_vs_peer(record, name, entry, XQA, "XQA"))
         elif kind == "mixed":
             out.append(
                 _row(

@@ -800,9 +800,20 @@ def test_verdicts_hold_xqa_and_the_fp8_cache_against_its_bf16_twin():
     prefill["impls"]["xgo_torch"]["median_us_repeat"] = 800.0  # the faster bf16 timing counts
     results["verdicts"] = report.verdicts(results)
     assert _verdict(results, fp8_prefill["name"], "fp8").startswith("MISSED by 11% (1.23x > 1.1x")
+    prefill["impls"]["xgo_torch"].update(status="failed", reason="worker died")
+    results["verdicts"] = report.verdicts(results)
+    assert _verdict(results, fp8_prefill["name"], "fp8") == (
+        "no bf16-cache number for xgo_torch (worker died)"  # not another implementation's time
+    )
     results["cases"] = [c for c in results["cases"] if c is not prefill]
     results["verdicts"] = report.verdicts(results)
     assert _verdict(results, fp8_prefill["name"], "fp8").startswith("no bf16-cache number")
+    # a row without XQA (a record from before it) gets no XQA verdict
+    del decode["impls"]["flashinfer_xqa"]
+    results["verdicts"] = report.verdicts(results)
+    assert not [
+        v for v in results["verdicts"] if "XQA" in v["target"] and v["case"] == decode["name"]
+    ]
 
 
 def test_a_timing_faster_than_the_bytes_floor_is_invalid():
@@ -814,6 +825,8 @@ def test_a_timing_faster_than_the_bytes_floor_is_invalid():
     broken = {"median_us": 26.7, "frac_floor": 488.8 / 26.7, "method": "torch eager loop"}
     assert "18.3x faster than the bytes floor (488.8 µs)" in case_runner._impossible(record, broken)
     assert case_runner._impossible({"kind": "simple_add", "floor_us": 488.8}, broken) is None
+    fast_again = {**fine, "median_us_repeat": 26.7}  # the second timing is judged too
+    assert "18.3x faster" in case_runner._impossible(record, fast_again)
     results = _gpu_results()
     results["cases"][0]["impls"]["flashinfer_xqa"] = {"role": "peer", "status": "invalid",
                                                       "reason": "too fast"}  # fmt: skip

@@ -126,5 +126,7 @@ def test_a_sliding_window_bounds_the_decode_splits():
     assert plain - windowed == (26 - 4) * 32 * 32 * (2 + 128)
     _, long_window = paged_call(num_tokens=32, max_num_seqs=32, sliding_window=8192)
     assert long_window == plain
+    _, widest = paged_call(num_tokens=32, max_num_seqs=32, sliding_window=2**63 - 1)
+    assert widest == plain  # no overflow on the way
     _, prefill = paged_call(num_tokens=8192, max_num_seqs=2)
     assert paged_call(num_tokens=8192, max_num_seqs=2, sliding_window=128)[1] == prefill

@@ -161,7 +161,7 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   // its range starts on a tile edge (SplitKeyRange), whatever the context length. Splits past
   // those keys would find no tile and still be launched and merged.
   int64_t keys = capacity;
-  if (p.path == AttentionPath::kDecodeMma && c.sliding_window > 0) {
+  if (p.path == AttentionPath::kDecodeMma && c.sliding_window > 0 && c.sliding_window < capacity) {
     const int64_t window_keys = c.sliding_window + p.tokens_per_tile - 1 + kMmaTileKeys - 1;
     if (window_keys < keys) keys = window_keys;
   }

@@ -24,7 +24,7 @@ from benchmarks.cases import (
 from benchmarks.ceilings import free_memory
 from benchmarks.host_cost import measure_host_cost
 from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
-from benchmarks.report import PRIMARY_ORDER
+from benchmarks.report import PRIMARY_ORDER, fastest_us
 from benchmarks.runners import left_out_reason, prepared
 from benchmarks.timing import error_text, time_jax_chain, time_torch
 
@@ -296,7 +296,7 @@ def _impossible(record: dict, entry: dict) -> str | None:
     their launches."""
     if record["kind"] not in ("decode", "prefill", "mixed") or not record.get("floor_us"):
         return None
-    fastest = min(entry["median_us"], entry.get("median_us_repeat") or entry["median_us"])
+    fastest = fastest_us(entry)
     frac = record["floor_us"] / fastest
     if frac <= MAX_FRAC_FLOOR:
         return None

@@ -450,13 +450,16 @@ def place_linked() -> list[str]:
     """Put each module the JIT directory holds linked but the AOT directory lacks (a shared build
     stopped part way) where FlashInfer loads prebuilt modules; returns their names."""
     jit_dir, aot_dir = _dirs()
-    placed = []
-    for so in sorted(jit_dir.glob("*/*.so")) if jit_dir.is_dir() else []:
-        name = so.parent.name
-        there = (aot_dir / name / so.name).exists()
-        if MODULE_FILE.match(f"{name}/{so.name}") and not there and _place(so, name, aot_dir):
-            placed.append(name)
-    return placed
+    return [name for name, so in _module_files(jit_dir, linked_only=True)
+            if not (aot_dir / name / so.name).exists() and _place(so, name, aot_dir)]  # fmt: skip
+
+
+def _module_files(root: Path, linked_only: bool) -> list[tuple[str, Path]]:
+    """(name, .so) of each module below root (<name>/<name>.so); linked_only: those a ninja log
+    says were linked whole (a JIT directory's)."""
+    files = sorted(root.glob("*/*.so")) if root.is_dir() else []
+    return [(so.parent.name, so) for so in files
+            if MODULE_FILE.match(f"{so.parent.name}/{so.name}") and (not linked_only or _linked(so))]  # fmt: skip
 
 
 def _say(line: str) -> None:
@@ -498,11 +501,8 @@ def export_cache(dest: Path) -> list[Path]:
     jit_dir, aot_dir = _dirs()
     modules: dict[str, Path] = {}
     for root in (jit_dir, aot_dir):
-        for path in sorted(root.glob("*/*.so")) if root.is_dir() else []:
-            if MODULE_FILE.match(f"{path.parent.name}/{path.name}") and (
-                root == aot_dir or _linked(path)
-            ):
-                modules.setdefault(path.parent.name, path)
+        for name, path in _module_files(root, linked_only=root == jit_dir):
+            modules.setdefault(name, path)
     manifest = {"flashinfer": version(), "cuda_arch": _cuda_arch(), "modules": sorted(modules)}
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz", preset=6) as tar:

@@ -46,8 +46,8 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w+)(.*)$")
 MARK = "::xgo-readme::"  # the runner's own lines in the output stream
 PYTHON_PROBE_FILE = ROOT / "xla_gpu_ops" / "__init__.py"
-KERNEL_PROBE_FILE = ROOT / "kernels" / "src" / "simple_add" / "launch.cu"
-KERNEL_PROBE_OBJECT = "src/simple_add/launch.cu.o"  # its object, below CMake's target folder
+KERNEL_PROBE_FILE = ROOT / "kernels" / "ops" / "simple_add" / "simple_add.cu"
+KERNEL_PROBE_OBJECT = "ops/simple_add/simple_add.cu.o"  # its object, below CMake's target folder
 
 
 @dataclass

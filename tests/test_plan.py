@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.skipif(not _library.is_built(), reason="needs the built library"),
 ]
 
-# AttentionPath's values (kernels/include/xla_gpu_ops/paged_attention/plan.h)
+# AttentionPath's values (kernels/ops/paged_attention/plan.h)
 PATHS = {0: "f32_fma", 1: "decode_mma", 2: "prefill_mma", 3: "rows_mma", 4: "prefill_sm90"}
 AUTO, MMA, SM90 = -1, 0, 1  # xgo_debug_force_prefill_kernel's values
 ATTRS = {"scale": 0.1, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None}

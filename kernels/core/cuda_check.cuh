@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "xla_gpu_ops/status.h"
+#include "core/status.h"
 
 #define XGO_CUDA_CHECK(expr)                                                               \
   do {                                                                                     \

@@ -10,7 +10,7 @@
 
 #include <type_traits>
 
-#include "xla_gpu_ops/dtypes.h"
+#include "core/dtypes.h"
 
 namespace xgo {
 

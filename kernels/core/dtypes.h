@@ -10,7 +10,7 @@
 #include <string>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/status.h"
+#include "core/status.h"
 
 namespace xgo {
 

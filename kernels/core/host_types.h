@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "xla_gpu_ops/dtypes.h"
-#include "xla_gpu_ops/status.h"
+#include "core/dtypes.h"
+#include "core/status.h"
 
 namespace xgo {
 namespace host {

@@ -1,17 +1,13 @@
-// Library-wide plumbing: the op table, dtype names, the thread-local last-error message (one per
+// Library-wide plumbing: the op table (filled by XGO_DEFINE_OP as the library loads), dtype names, the thread-local last-error message (one per
 // thread, so concurrent callers never see each other's errors) and the shared check helpers.
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
+#include "core/op.h"
+#include "core/status.h"
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/op.h"
-#include "xla_gpu_ops/status.h"
-
-// Defined by XGO_DEFINE_OP in each op's .cc file.
-extern const XgoOpInfo kSimpleAddInfo;
-extern const XgoOpInfo kPagedAttentionInfo;
-extern const XgoOpInfo kKvCacheUpdateInfo;
 
 namespace xgo {
 namespace {
@@ -23,8 +19,11 @@ void FormatLastError(const char* fmt, va_list args) {
   std::vsnprintf(last_error, kMaxMessage, fmt, args);
 }
 
-// The op list: adding an op adds a line here.
-const XgoOpInfo* const kOps[] = {&kSimpleAddInfo, &kPagedAttentionInfo, &kKvCacheUpdateInfo};
+// The op table, in name order. Plain arrays: zero-initialised before any op's registration runs,
+// whatever the order in which the library's files initialise.
+constexpr int kMaxOps = 64;
+const XgoOpInfo* ops[kMaxOps];
+int32_t num_ops = 0;
 
 }  // namespace
 
@@ -44,6 +43,14 @@ int32_t Fail(XgoStatus status, const char* fmt, ...) {
 }
 
 void ClearLastError() { last_error[0] = '\0'; }
+
+bool RegisterOp(const XgoOpInfo* info) {
+  if (num_ops == kMaxOps) return false;
+  int at = num_ops++;
+  for (; at > 0 && std::strcmp(ops[at - 1]->name, info->name) > 0; --at) ops[at] = ops[at - 1];
+  ops[at] = info;
+  return true;
+}
 
 std::string Shape::Text() const {
   std::string text = "(";
@@ -74,8 +81,8 @@ extern "C" {
 XGO_EXPORT int32_t xla_gpu_ops_abi_version(void) { return XGO_ABI_VERSION; }
 
 XGO_EXPORT const XgoOpInfo* const* xla_gpu_ops_ops(int32_t* num_ops) {
-  if (num_ops != nullptr) *num_ops = static_cast<int32_t>(sizeof(xgo::kOps) / sizeof(xgo::kOps[0]));
-  return xgo::kOps;
+  if (num_ops != nullptr) *num_ops = xgo::num_ops;
+  return xgo::ops;
 }
 
 XGO_EXPORT const char* xla_gpu_ops_dtype_name(int32_t dtype) { return xgo::DtypeName(dtype); }

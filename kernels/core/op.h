@@ -1,7 +1,7 @@
 // What every op shares, whatever front end calls it: the shapes of a call's operands as the
 // static checks see them, attribute specs, and helpers whose messages name the argument.
 //
-// An op is a struct (see simple_add.h, paged_attention.h) with
+// An op is a struct (see ops/simple_add/simple_add.cu, ops/paged_attention/paged_attention.h) with
 //   kName, kOperandNames, kResultNames         names (std::array), in the order of every ABI
 //   Attrs, kAttrs                              attribute struct and its (name, type, offset) list
 //   Config                                     everything static a launch needs
@@ -9,7 +9,7 @@
 //   Launch(const Config&, void* const* buffers, cudaStream_t)   GPU
 //   RunHost(const Config&, void* const* buffers)   XLA:CPU handler
 //   CheckHostValues(const Config&, const void* const* operands)   value checks, host copies
-// op_binding.h turns such a struct into the entries of the library's op table.
+// op_binding.h turns such a struct into the entries of the library's op table (XGO_DEFINE_OP).
 #ifndef XLA_GPU_OPS_OP_H_
 #define XLA_GPU_OPS_OP_H_
 
@@ -20,8 +20,8 @@
 #include <string>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/dtypes.h"
-#include "xla_gpu_ops/status.h"
+#include "core/dtypes.h"
+#include "core/status.h"
 
 namespace xgo {
 
@@ -90,6 +90,10 @@ int32_t CheckDtype(const char* op, const char* argument, const Shape& shape, Set
 }
 int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
                        const char* other_name, const Shape& other);
+
+// Adds an op to the library's table (XGO_DEFINE_OP, while the library loads); false when the
+// table is full (the package then reports the op as missing).
+bool RegisterOp(const XgoOpInfo* info);
 
 #define XGO_RETURN_IF_FAILED(expr)                              \
   do {                                                          \

@@ -3,8 +3,8 @@
 // Host) and the legacy custom call. Every entry point decodes its inputs into the same OpCall and
 // runs the op's one Describe, so all of them accept and reject exactly the same calls.
 //
-// Each op's .cc file ends with XGO_DEFINE_OP(Op, kOpInfo). Only .cc files include this header
-// (it pulls in the XLA FFI headers).
+// Each op's source ends with XGO_DEFINE_OP(Op). Only that file includes this header (it pulls in
+// the XLA FFI headers).
 #ifndef XLA_GPU_OPS_OP_BINDING_H_
 #define XLA_GPU_OPS_OP_BINDING_H_
 
@@ -16,8 +16,8 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/op.h"
-#include "xla_gpu_ops/status.h"
+#include "core/op.h"
+#include "core/status.h"
 
 // XLA's opaque status handle of legacy custom calls (xla/service/custom_call_status.h).
 typedef struct XlaCustomCallStatus_ XlaCustomCallStatus;
@@ -259,10 +259,12 @@ struct AttrNames {
 
 }  // namespace xgo
 
-// Defines the op's XLA handlers and `const XgoOpInfo info` (listed in library.cc). The CUDA
-// handler is command-buffer compatible: Op::Launch only enqueues work on XLA's stream (scratch
-// space is a result), so XLA may capture it into a CUDA graph.
-#define XGO_DEFINE_OP(Op, info)                                                             \
+// Defines the op's XLA handlers and its entry in the library's op table, registered when the
+// library loads: an op is in the table by being compiled into it (kernels/CMakeLists.txt takes
+// every source under kernels/ops/). The CUDA handler is command-buffer compatible: Op::Launch
+// only enqueues work on XLA's stream (scratch space is a result), so XLA may capture it into a
+// CUDA graph.
+#define XGO_DEFINE_OP(Op)                                                                   \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(Op##_cuda_ffi, ::xgo::CudaFfiImpl<Op>,                     \
                                 ::xla::ffi::Ffi::Bind()                                     \
                                     .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()       \
@@ -276,8 +278,8 @@ struct AttrNames {
                                    size_t opaque_len, XlaCustomCallStatus* status) {       \
     ::xgo::LegacyEntry<Op>(stream, buffers, opaque, opaque_len, status);                    \
   }                                                                                         \
-  extern const XgoOpInfo info;                                                              \
-  const XgoOpInfo info = {                                                                  \
+  namespace {                                                                               \
+  const XgoOpInfo Op##_info = {                                                             \
       Op::kName,                                                                            \
       ::xgo::NumOperands<Op>(),                                                             \
       ::xgo::NumResults<Op>(),                                                              \
@@ -293,6 +295,8 @@ struct AttrNames {
       reinterpret_cast<void*>(&Op##_cuda_ffi),                                              \
       reinterpret_cast<void*>(&Op##_host_ffi),                                              \
       reinterpret_cast<void*>(&Op##_cuda_legacy),                                           \
-  }
+  };                                                                                        \
+  [[maybe_unused]] const bool Op##_registered = ::xgo::RegisterOp(&Op##_info);              \
+  }  // namespace
 
 #endif  // XLA_GPU_OPS_OP_BINDING_H_

@@ -1,6 +1,6 @@
 // What the XLA bindings of every op share (op_binding.h): status -> FFI error, and failure
 // reporting for legacy (api_version 2) custom calls.
-#include "xla_gpu_ops/op_binding.h"
+#include "core/op_binding.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "xla_gpu_ops/status.h"
+#include "core/status.h"
 
 namespace xgo {
 

@@ -23,7 +23,7 @@
 
 #include <array>
 
-#include "xla_gpu_ops/op.h"
+#include "core/op.h"
 
 namespace xgo {
 

@@ -9,11 +9,11 @@
 
 #include <algorithm>
 
-#include "xla_gpu_ops/cuda_check.cuh"
-#include "xla_gpu_ops/device_utils.cuh"
-#include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/kv_cache_update.h"
-#include "xla_gpu_ops/status.h"
+#include "core/cuda_check.cuh"
+#include "core/device_utils.cuh"
+#include "core/dtypes.cuh"
+#include "ops/kv_cache_update/kv_cache_update.h"
+#include "core/status.h"
 
 namespace xgo {
 namespace {

@@ -1,12 +1,12 @@
 // kv_cache_update: static checks, the host (XLA:CPU) implementation, the slot checks, and the op's
 // entry in the op table.
-#include "xla_gpu_ops/kv_cache_update.h"
+#include "ops/kv_cache_update/kv_cache_update.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "xla_gpu_ops/host_types.h"
-#include "xla_gpu_ops/op_binding.h"
+#include "core/host_types.h"
+#include "core/op_binding.h"
 
 namespace xgo {
 namespace {
@@ -134,4 +134,4 @@ int32_t KvCacheUpdate::RunHost(const Config& c, void* const* buffers) {
 }  // namespace xgo
 
 using xgo::KvCacheUpdate;
-XGO_DEFINE_OP(KvCacheUpdate, kKvCacheUpdateInfo);
+XGO_DEFINE_OP(KvCacheUpdate);

@@ -12,11 +12,11 @@
 
 #include <type_traits>
 
-#include "xla_gpu_ops/device_utils.cuh"
-#include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/paged_attention/online_softmax.cuh"
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/tiles.cuh"
+#include "core/device_utils.cuh"
+#include "core/dtypes.cuh"
+#include "ops/paged_attention/online_softmax.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/tiles.cuh"
 
 namespace xgo {
 

@@ -12,8 +12,8 @@
 #include <limits>
 #include <vector>
 
-#include "xla_gpu_ops/host_types.h"
-#include "xla_gpu_ops/paged_attention.h"
+#include "core/host_types.h"
+#include "ops/paged_attention/paged_attention.h"
 
 namespace xgo {
 namespace {

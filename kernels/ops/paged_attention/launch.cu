@@ -17,17 +17,17 @@
 #include <utility>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/cuda_check.cuh"
-#include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/paged_attention.h"
-#include "xla_gpu_ops/paged_attention/decode.cuh"
-#include "xla_gpu_ops/paged_attention/f32.cuh"
-#include "xla_gpu_ops/paged_attention/launch.h"
-#include "xla_gpu_ops/paged_attention/merge.cuh"
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/plan.h"
-#include "xla_gpu_ops/paged_attention/prep.cuh"
-#include "xla_gpu_ops/status.h"
+#include "core/cuda_check.cuh"
+#include "core/dtypes.cuh"
+#include "ops/paged_attention/paged_attention.h"
+#include "ops/paged_attention/decode.cuh"
+#include "ops/paged_attention/f32.cuh"
+#include "ops/paged_attention/launch.h"
+#include "ops/paged_attention/merge.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/plan.h"
+#include "ops/paged_attention/prep.cuh"
+#include "core/status.h"
 
 namespace xgo {
 

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/plan.h"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/plan.h"
 
 namespace xgo {
 

@@ -7,9 +7,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/tiles.cuh"
+#include "core/dtypes.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/tiles.cuh"
 
 namespace xgo {
 

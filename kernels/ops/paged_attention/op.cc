@@ -1,13 +1,13 @@
 // paged_attention: the static checks of a call and its entry in the op table. Every entry point
 // (eager launch, typed FFI on CUDA and Host, legacy custom call) runs this Describe first, so they
 // accept and reject the same calls with the same words.
-#include "xla_gpu_ops/paged_attention.h"
+#include "ops/paged_attention/paged_attention.h"
 
 #include <cmath>
 #include <cstdint>
 
-#include "xla_gpu_ops/op_binding.h"
-#include "xla_gpu_ops/paged_attention/plan.h"
+#include "core/op_binding.h"
+#include "ops/paged_attention/plan.h"
 
 namespace xgo {
 namespace {
@@ -188,4 +188,4 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
 }  // namespace xgo
 
 using xgo::PagedAttention;
-XGO_DEFINE_OP(PagedAttention, kPagedAttentionInfo);
+XGO_DEFINE_OP(PagedAttention);

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "xla_gpu_ops/paged_attention/plan.h"
+#include "ops/paged_attention/plan.h"
 
 namespace xgo {
 

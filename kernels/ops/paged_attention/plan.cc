@@ -6,11 +6,11 @@
 #include <atomic>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/op_binding.h"
-#include "xla_gpu_ops/paged_attention.h"
-#include "xla_gpu_ops/paged_attention/launch.h"
-#include "xla_gpu_ops/paged_attention/plan.h"
-#include "xla_gpu_ops/status.h"
+#include "core/op_binding.h"
+#include "ops/paged_attention/paged_attention.h"
+#include "ops/paged_attention/launch.h"
+#include "ops/paged_attention/plan.h"
+#include "core/status.h"
 
 namespace xgo {
 namespace {

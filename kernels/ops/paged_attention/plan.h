@@ -9,8 +9,8 @@
 #include <stdint.h>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/paged_attention.h"
-#include "xla_gpu_ops/paged_attention/tuning.h"
+#include "ops/paged_attention/paged_attention.h"
+#include "ops/paged_attention/tuning.h"
 
 namespace xgo {
 

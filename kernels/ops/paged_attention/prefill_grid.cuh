@@ -6,8 +6,8 @@
 
 #include <stdint.h>
 
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/tiles.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/tiles.cuh"
 
 namespace xgo {
 

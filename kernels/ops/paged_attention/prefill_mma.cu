@@ -9,12 +9,12 @@
 #include <algorithm>
 
 #include "xla_gpu_ops/c_api.h"
-#include "xla_gpu_ops/cuda_check.cuh"
-#include "xla_gpu_ops/paged_attention/launch.h"
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/plan.h"
-#include "xla_gpu_ops/paged_attention/prefill_mma.cuh"
-#include "xla_gpu_ops/status.h"
+#include "core/cuda_check.cuh"
+#include "ops/paged_attention/launch.h"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/plan.h"
+#include "ops/paged_attention/prefill_mma.cuh"
+#include "core/status.h"
 
 namespace xgo {
 namespace {

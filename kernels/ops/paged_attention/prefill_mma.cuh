@@ -17,12 +17,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "xla_gpu_ops/device_utils.cuh"
-#include "xla_gpu_ops/paged_attention/decode.cuh"
-#include "xla_gpu_ops/paged_attention/online_softmax.cuh"
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/prefill_grid.cuh"
-#include "xla_gpu_ops/paged_attention/tiles.cuh"
+#include "core/device_utils.cuh"
+#include "ops/paged_attention/decode.cuh"
+#include "ops/paged_attention/online_softmax.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/prefill_grid.cuh"
+#include "ops/paged_attention/tiles.cuh"
 
 namespace xgo {
 

@@ -8,8 +8,8 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "xla_gpu_ops/paged_attention/params.cuh"
-#include "xla_gpu_ops/paged_attention/tiles.cuh"
+#include "ops/paged_attention/params.cuh"
+#include "ops/paged_attention/tiles.cuh"
 
 namespace xgo {
 

@@ -10,10 +10,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "xla_gpu_ops/device_utils.cuh"
-#include "xla_gpu_ops/dtypes.cuh"
-#include "xla_gpu_ops/paged_attention/online_softmax.cuh"
-#include "xla_gpu_ops/paged_attention/params.cuh"
+#include "core/device_utils.cuh"
+#include "core/dtypes.cuh"
+#include "ops/paged_attention/online_softmax.cuh"
+#include "ops/paged_attention/params.cuh"
 
 namespace xgo {
 

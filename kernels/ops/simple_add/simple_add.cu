@@ -41,7 +41,6 @@ struct SimpleAdd {
   static int32_t CheckHostValues(const Config&, const void* const*) { return XGO_OK; }
 };
 
-
 // ------------------------------------------------------------------ static checks
 int32_t SimpleAdd::Describe(const OpCall<SimpleAdd>& call, Config* config, XgoResults* results) {
   const Shape& a = call.operands[kA];
@@ -159,4 +158,4 @@ int32_t SimpleAdd::RunHost(const Config& config, void* const* buffers) {
 }  // namespace xgo
 
 using xgo::SimpleAdd;
-XGO_DEFINE_OP(SimpleAdd, kSimpleAddInfo);
+XGO_DEFINE_OP(SimpleAdd);

@@ -3,6 +3,9 @@ the table (schema, argument binding, attribute encoding, public signatures) beha
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -137,6 +140,7 @@ def test_optional_operands_come_last():
             results=("out",),
             result_like=("y",),
             doc="",
+            sample=ops.SIMPLE_ADD.sample,
         )
     with pytest.raises(TypeError, match=r"takes 6 to 7 operands"):
         ops.PAGED_ATTENTION.complete(range(5))
@@ -174,33 +178,30 @@ def test_attribute_encoding_turns_none_off():
     assert isinstance(encoded[0], float)
 
 
-def test_public_signature_must_match_the_table():
-    def wrong(query, kv_cache, *, scale):  # too few operands
-        """x"""
-
-    with pytest.raises(TypeError, match="parameters"):
-        ops.public_signature(ops.PAGED_ATTENTION)(wrong)
-
-    def positional_attr(a, b, validate):  # an extra that is not keyword-only is fine, order matters
-        """x"""
-
-    ops.public_signature(ops.SIMPLE_ADD, extra=("validate",))(positional_attr)
-
-    def attr_not_keyword_only(query, kv_cache, context_lens, block_tables, query_start_loc,
-                              num_seqs, scale, *, sliding_window=None, soft_cap=None,
-                              k_scale=None, v_scale=None, sinks=None):  # fmt: skip
-        """x"""
-
-    with pytest.raises(TypeError, match="scale must be keyword-only"):
-        ops.public_signature(ops.PAGED_ATTENTION)(attr_not_keyword_only)
-
-    def optional_operand_with_a_default(query, kv_cache, context_lens, block_tables,
-                                        query_start_loc, num_seqs, *, scale, sliding_window=None,
-                                        soft_cap=None, k_scale=None, v_scale=None, sinks=0):  # fmt: skip
-        """x"""
-
-    with pytest.raises(TypeError, match="sinks must be keyword-only, default None"):
-        ops.public_signature(ops.PAGED_ATTENTION)(optional_operand_with_a_default)
+@pytest.mark.parametrize("op", ops.OPS, ids=lambda op: op.name)
+def test_public_functions_take_the_signature_of_the_table(op):
+    """Required operands positional, then keyword-only the attributes (their defaults), the
+    optional operands (None) and the front end's extras; the call reaches forward already bound."""
+    seen = []
+    extra = ops.Extra("flag", False, "a front end's own parameter")
+    fn = ops.public_function(op, lambda *a, **k: seen.append((a, k)), [extra])
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params] == [*op.call_names, "flag"]
+    keyword_only = params[op.num_required :]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in keyword_only)
+    defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names) + [False]
+    expected = [inspect.Parameter.empty if d is ops.REQUIRED else d for d in defaults]
+    assert [p.default for p in keyword_only] == expected
+    assert fn.__name__ == op.name and op.doc.strip().splitlines()[0] in fn.__doc__
+    assert all(o.name in fn.__doc__ for o in op.operands) and "flag" in fn.__doc__
+    required = {a.name: 1.0 for a in op.attrs if a.default is ops.REQUIRED}
+    fn(*range(op.num_required), **required, flag=True)
+    operands, attrs = seen[0][0]
+    assert operands == [*range(op.num_required), *[None] * len(op.optional_names)]
+    assert attrs == {a.name: required.get(a.name, a.default) for a in op.attrs}
+    assert seen[0][1] == {"flag": True}
+    with pytest.raises(TypeError):
+        fn(*range(op.num_required + 1), **required)  # an attribute given positionally
 
 
 def test_targets_and_names_derive_from_the_op_name():
@@ -209,3 +210,48 @@ def test_targets_and_names_derive_from_the_op_name():
     assert ops.PAGED_ATTENTION.qualname == "xla_gpu::paged_attention"
     with pytest.raises(ValueError, match="op: 'nope' is not one of"):
         ops.get("nope")
+
+
+def _entry(op: ops.Op) -> _library.LibraryOp:
+    types = tuple(_library.ATTR_F32 if a.kind is float else _library.ATTR_I64 for a in op.attrs)
+    return _library.LibraryOp(None, op.operand_names, op.results, op.attr_names, types)
+
+
+def test_a_forgotten_piece_is_named_with_the_file_to_write():
+    """Every piece an op needs besides its table entry names the file (and function) to write
+    when it is missing: the sample, the reference, the C++ registration, the table entry."""
+    import dataclasses
+
+    from xla_gpu_ops import reference
+
+    with pytest.raises(TypeError, match=r"no sample: give Op\(sample=...\) in xla_gpu_ops/ops.py"):
+        dataclasses.replace(ops.SIMPLE_ADD, name="unwritten", sample=None)
+    unwritten = dataclasses.replace(ops.SIMPLE_ADD, name="unwritten")
+    with pytest.raises(NotImplementedError, match=r"def unwritten\(a, b\)` in xla_gpu_ops/reference"):
+        reference.of(unwritten)
+    found = {op.name: _entry(op) for op in ops.OPS}
+    _library._check_table(Path("lib.so"), found)  # the table as it is: no error
+    missing = {name: entry for name, entry in found.items() if name != "simple_add"}
+    with pytest.raises(RuntimeError, match=r"kernels/ops/simple_add/ must end with XGO_DEFINE_OP"):
+        _library._check_table(Path("lib.so"), missing)
+    extra = {**found, "unwritten": _entry(unwritten)}
+    with pytest.raises(RuntimeError, match=r"'unwritten', which xla_gpu_ops/ops.py does not list"):
+        _library._check_table(Path("lib.so"), extra)
+    renamed = {**found, "simple_add": _entry(dataclasses.replace(ops.SIMPLE_ADD, attrs=()))}
+    renamed["simple_add"] = dataclasses.replace(renamed["simple_add"], operand_names=("x", "y"))
+    with pytest.raises(RuntimeError, match=r"kernels/ops/simple_add/.*xla_gpu_ops/ops.py"):
+        _library._check_table(Path("lib.so"), renamed)
+
+
+@pytest.mark.parametrize("op", ops.OPS, ids=lambda op: op.name)
+def test_every_op_of_the_table_has_its_pieces(op):
+    """What the front ends look up by the op's name exists: its reference, its composite, the
+    public functions of torch and JAX, and the package's export."""
+    import xla_gpu_ops
+    import xla_gpu_ops.jax as xjax
+    from xla_gpu_ops import reference, torch_xla
+
+    assert callable(reference.of(op)) and callable(torch_xla.composite_of(op))
+    assert getattr(xla_gpu_ops, op.name).__name__ == op.name and op.name in xla_gpu_ops.__all__
+    assert getattr(xjax, op.name).__name__ == op.name and op.name in xjax.__all__
+    assert set(op.sample(False)) == set(op.operand_names) == set(op.sample(True))

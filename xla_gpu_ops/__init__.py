@@ -1,7 +1,7 @@
-"""xla-gpu-ops: CUDA paged attention and simple_add as XLA custom calls.
+"""xla-gpu-ops: CUDA kernels as XLA custom calls, one per op of the table (`xla_gpu_ops.ops`).
 
 `import xla_gpu_ops` needs no framework. With torch installed it registers torch.ops.xla_gpu.* and
-exposes the `paged_attention` / `simple_add` wrappers; `xla_gpu_ops.jax`, `xla_gpu_ops.torchax` and
+exposes one public function per op (`xla_gpu_ops.paged_attention`, ...); `xla_gpu_ops.jax`, `xla_gpu_ops.torchax` and
 `xla_gpu_ops.torch_xla` are imported on demand. The op table is `xla_gpu_ops.ops`.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from xla_gpu_ops import ops
 from xla_gpu_ops._platform import quiet_cuda_plugin_without_gpu
 
 __version__ = "0.1.0"
-__all__ = ["kv_cache_update", "paged_attention", "simple_add"]
+__all__ = [op.name for op in ops.OPS]  # the public functions (xla_gpu_ops.torch_ops)
 
 # The public modules (front ends, the op table, tools), imported on attribute access. Modules
 # with a leading underscore are private: shared helpers and device kernels of the front ends.
@@ -25,7 +26,9 @@ _SUBMODULES = ("jax", "torchax", "torch_xla", "torch_ops", "hlo", "ops", "refere
 quiet_cuda_plugin_without_gpu()
 
 if importlib.util.find_spec("torch") is not None:
-    from xla_gpu_ops.torch_ops import kv_cache_update, paged_attention, simple_add
+    from xla_gpu_ops.torch_ops import PUBLIC
+
+    globals().update(PUBLIC)
 
 
 def __getattr__(name: str):

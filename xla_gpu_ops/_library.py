@@ -208,16 +208,29 @@ def load() -> Library:
 
 
 def _check_table(path: Path, found: dict[str, LibraryOp]) -> None:
-    """The library's op table must be xla_gpu_ops.ops' table: same ops, names and types."""
-    if set(found) != set(ops.BY_NAME):
-        raise RuntimeError(f"{path}: ops {sorted(found)}, the package has {sorted(ops.BY_NAME)}")
+    """The library's op table must be xla_gpu_ops.ops' table: same ops, names and types. The
+    message names the file to fix."""
+    for name in sorted(set(ops.BY_NAME) - set(found)):
+        raise RuntimeError(
+            f"{path}: has no op {name!r}, which xla_gpu_ops/ops.py lists: kernels/ops/{name}/ "
+            f"must end with XGO_DEFINE_OP (then rebuild: nox -s build)"
+        )
+    for name in sorted(set(found) - set(ops.BY_NAME)):
+        raise RuntimeError(
+            f"{path}: has op {name!r}, which xla_gpu_ops/ops.py does not list: add its Op to OPS "
+            "there (or rebuild the library: nox -s build)"
+        )
     for name, entry in found.items():
         op = ops.BY_NAME[name]
         expected = (op.operand_names, op.results, op.attr_names,
                     tuple(ATTR_F32 if a.kind is float else ATTR_I64 for a in op.attrs))  # fmt: skip
         actual = (entry.operand_names, entry.result_names, entry.attr_names, entry.attr_types)
         if actual != expected:
-            raise RuntimeError(f"{path}: {name} is {actual} in the library, {expected} here")
+            raise RuntimeError(
+                f"{path}: {name} is (operands, results, attributes, attribute types) {actual} in "
+                f"the library (kernels/ops/{name}/), {expected} in xla_gpu_ops/ops.py: make them "
+                "agree (then rebuild: nox -s build)"
+            )
 
 
 def make_call(

@@ -60,6 +60,7 @@ def check_values(op: ops.Op, operands: list[torch.Tensor], attrs: dict[str, Any]
 
 def _define(op: ops.Op) -> None:
     _LIBRARY.define(op.name + op.schema())
+    reference_of_op = reference.of(op)
 
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
@@ -71,7 +72,7 @@ def _define(op: ops.Op) -> None:
         _check_host_values(op, operands, attrs)  # host tensors: no sync involved
         required, optional = op.split_optional(operands)
         # in place for mutating ops
-        return getattr(reference, op.name)(*required, **attrs, **optional)
+        return reference_of_op(*required, **attrs, **optional)
 
     def fake_kernel(*args):
         operands, attrs = op.split_schema_args(args)
@@ -96,13 +97,14 @@ def _define_functional(op: ops.Op) -> None:
     must stay functional (torch_xla, torch.compile, torch.export) record it in place of <op>."""
     name = op.functional_name
     _LIBRARY.define(name + op.functional_schema())
+    reference_of_op = reference.of(op)
     written = tuple(op.aliases.values())
 
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
         operands = [t.clone() if i in written else t for i, t in enumerate(operands)]
         _check_host_values(op, operands, attrs)
-        getattr(reference, op.name)(*operands, **attrs)
+        reference_of_op(*operands, **attrs)
         outs = [operands[op.aliases[j]] for j in range(op.returned)]
         return outs[0] if op.returned == 1 else tuple(outs)
 

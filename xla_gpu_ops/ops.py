@@ -15,7 +15,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +107,8 @@ class Op:
     # jax.ffi vmap_method: "broadcast_all" for elementwise ops, "sequential" otherwise.
     vmap_method: str = "sequential"
     aliases: Mapping[int, int] = field(default_factory=dict)
+    # One valid call's operands, (zeros) -> {operand: array}; zeros=True: every operand zero (the
+    # call a constant folder would fold). The HLO checks and every front end's tests use it.
     sample: Callable[[bool], dict[str, np.ndarray]] | None = field(default=None, compare=False)
     sample_attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -192,8 +194,28 @@ class Op:
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
         return f"({', '.join(params)}) -> {result}"
 
+    def docstring(self, extras: Sequence[Extra] = (), note: str = "") -> str:
+        """The public functions' docstring, from the table: what the op does, then each argument
+        (operands with their dims and dtypes, attributes, the front end's extras)."""
+        lines = [self.doc.strip(), "", "Arguments:"]
+        for o in self.operands:
+            optional = ", or None" if o.optional else ""
+            lines.append(f"    {o.name}: {o.doc}; {o.dtypes}{optional}")
+        for a in self.attrs:
+            default = "required" if a.default is REQUIRED else f"default {a.default!r}"
+            lines.append(f"    {a.name} ({a.kind.__name__}, {default}): {a.doc}")
+        for e in extras:
+            lines.append(f"    {e.name} (default {e.default!r}): {e.doc}")
+        return "\n".join(lines + (["", note.strip()] if note else []))
+
     # ------------------------------------------------------------------ calls
     def __post_init__(self) -> None:
+        if self.sample is None:
+            raise TypeError(
+                f"{self.name}: no sample: give Op(sample=...) in xla_gpu_ops/ops.py, a function "
+                "(zeros: bool) -> {operand: numpy array} making one valid call (every operand "
+                "zero when zeros is True); the HLO checks and the tests of every front end use it"
+            )
         required = [o for o in self.operands if not o.optional]
         if self.operands[: len(required)] != tuple(required):
             raise ValueError(f"{self.name}: optional operands must come last in the table")
@@ -303,33 +325,47 @@ class Op:
         return tuple(values)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+@dataclass(frozen=True)
+class Extra:
+    """A front end's own keyword-only parameter of the public functions (torch: validate)."""
+
+    name: str
+    default: Any
+    doc: str
 
 
-def public_signature(op: Op, extra: Sequence[str] = ()) -> Callable[[F], F]:
-    """Checks a hand-written public wrapper's signature against the table at import: its
-    parameters must be the op's required operands, then its attributes and its optional operands
-    (keyword-only, the same defaults; None for an optional operand), then `extra` keyword-only
-    parameters of the front end. So the spelled-out signature users see can never drift from the
-    op."""
-
-    def check(fn: F) -> F:
-        params = list(inspect.signature(fn).parameters.values())
-        expected = [*op.call_names, *extra]
-        if [p.name for p in params] != expected:
-            raise TypeError(
-                f"{fn.__qualname__}: parameters {[p.name for p in params]} != {expected}"
-            )
-        defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names)
-        keyword_only = params[op.num_required : op.num_required + len(defaults)]
-        for p, default in zip(keyword_only, defaults, strict=True):
-            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default != default:
-                raise TypeError(
-                    f"{fn.__qualname__}: {p.name} must be keyword-only, default {default}"
-                )
-        return fn
-
-    return check
+def public_function(op: Op, forward: Callable[..., Any], extras: Sequence[Extra] = (),
+                    module: str = __name__, doc: str = "") -> Callable[..., Any]:  # fmt: skip
+    """The public function of `op` for one front end, made from the table: a real Python function
+    (inspect, help and torch.compile see its parameters) whose parameters are the required
+    operands, then keyword-only the attributes (with their defaults) and the optional operands
+    (default None), then the `extras`. It calls forward(operands in table order, {attribute:
+    value}, **extras): Python has bound the arguments, so the call costs no binding of ours."""
+    params = list(op.operand_names[: op.num_required]) + ["*"]
+    namespace: dict[str, Any] = {"_forward": forward}
+    for i, a in enumerate(op.attrs):
+        if a.default is REQUIRED:
+            params.append(a.name)
+        else:
+            namespace[f"_default{i}"] = a.default
+            params.append(f"{a.name}=_default{i}")
+    params += [f"{name}=None" for name in op.optional_names]
+    for i, extra in enumerate(extras):
+        namespace[f"_extra{i}"] = extra.default
+        params.append(f"{extra.name}=_extra{i}")
+    operands = ", ".join(op.operand_names)
+    attrs = ", ".join(f"{a.name!r}: {a.name}" for a in op.attrs)
+    keywords = "".join(f", {e.name}={e.name}" for e in extras)
+    source = (
+        f"def {op.name}({', '.join(params)}):\n"
+        f"    return _forward([{operands}], {{{attrs}}}{keywords})\n"
+    )
+    exec(compile(source, f"<xla_gpu_ops.ops: {op.name}>", "exec"), namespace)  # noqa: S102
+    function = namespace[op.name]
+    function.__module__ = module
+    function.__qualname__ = op.name
+    function.__doc__ = op.docstring(extras, doc)
+    return function
 
 
 # ---------------------------------------------------------------------------- sample calls
@@ -395,7 +431,7 @@ SIMPLE_ADD = Op(
     attrs=(),
     results=("out",),
     result_like=("a",),
-    doc="out = a + b, rounded once to the input dtype",
+    doc="out = a + b (same shape and dtype), formed in float32 and rounded once to the input dtype.",
     vmap_method="broadcast_all",  # elementwise: batching both operands is exact
     sample=_simple_add_sample,
 )
@@ -433,7 +469,11 @@ PAGED_ATTENTION = Op(
     ),
     results=("out", "workspace"),
     result_like=("query",),
-    doc="ragged paged attention, torch_xla ragged_paged_attention semantics (docs/DESIGN.md)",
+    doc="""Ragged paged attention, torch_xla's `ragged_paged_attention` semantics (docs/DESIGN.md).
+
+Returns out [T, Hq, D] in query's dtype; rows at or past query_start_loc[num_seqs] are zero. A
+float8_e4m3fn kv_cache needs a float16 or bfloat16 query on CUDA (any query on the CPU paths); its
+dequantisation scales are k_scale and v_scale. Sinks are not scaled and not capped.""",
     sample=_paged_attention_sample,
     sample_attrs={
         "scale": 0.125,
@@ -483,7 +523,13 @@ KV_CACHE_UPDATE = Op(
     result_like=(),
     returned=1,
     aliases={0: 2},
-    doc="write new K/V rows into the paged cache in place (vLLM reshape_and_cache_flash slots)",
+    doc="""Writes new K/V rows into the paged cache in place (vLLM's reshape_and_cache_flash slots).
+
+Token n goes to page slot // page_size, row slot % page_size; a negative slot is padding (skipped).
+K is stored divided by k_scale and V by v_scale, rounded to the cache dtype (an fp8 cache
+saturates at +-448). A slot >= P * page_size is never written: the CUDA kernel skips it, the CPU
+paths and validation raise, naming the token. kv_cache must be contiguous (torch: updated in
+place, returns None; JAX: the result aliases it).""",
     sample=_kv_cache_update_sample,
     sample_attrs={"k_scale": None, "v_scale": None},
 )

@@ -5,7 +5,25 @@ Semantics of paged_attention are torch_xla's `ragged_paged_attention` (docs/DESI
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import torch
+
+
+def of(op) -> Callable:
+    """The reference of an op of the table (xla_gpu_ops.ops.Op): the function of this module named
+    after it, which takes the required operands positionally, then the attributes and optional
+    operands by keyword, and returns the op's outputs (an op writing in place updates its operand
+    and returns None)."""
+    function = getattr(sys.modules[__name__], op.name, None)
+    if function is None:
+        raise NotImplementedError(
+            f"{op.name}: no reference: write `def {op.name}({', '.join(op.call_names)})` in "
+            "xla_gpu_ops/reference.py, in plain torch ops: it is the CPU kernel of the torch op, "
+            "the tests' oracle and, unless torch_xla.COMPOSITES names another, the composite"
+        )
+    return function
 
 
 def simple_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

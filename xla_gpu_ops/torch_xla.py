@@ -209,7 +209,7 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
 def composite_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) -> list:
     """The op's outputs from its composite (plain tensor ops, any device, functional)."""
     required, optional = op.split_optional(operands)
-    outs = COMPOSITES[op.name](*required, **attrs, **optional)
+    outs = composite_of(op)(*required, **attrs, **optional)
     return list(outs) if isinstance(outs, tuple) else [outs]
 
 
@@ -239,10 +239,6 @@ def _impl_for(op: ops.Op, device: torch.device) -> str:
     if op.aliases and not os.environ.get(IMPL_ENV, "").strip():
         return "composite"
     return xla_impl(device)
-
-
-def simple_add_composite(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a + b
 
 
 def kv_cache_update_composite(
@@ -366,8 +362,14 @@ def paged_attention_composite(
     return out.to(query.dtype)
 
 
+# Composites of the ops whose reference cannot serve: one that reads values on the host
+# (paged_attention's loops over sequences) or writes in place (kv_cache_update).
 COMPOSITES = {
-    "simple_add": simple_add_composite,
     "paged_attention": paged_attention_composite,
     "kv_cache_update": kv_cache_update_composite,
 }
+
+
+def composite_of(op: ops.Op):
+    """The op's composite: COMPOSITES' entry, else its reference (plain torch ops, functional)."""
+    return COMPOSITES.get(op.name) or reference.of(op)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -259,6 +260,20 @@ def docker(session: nox.Session) -> None:
         "python", str(ROOT / "tools" / "prepare_docker.py"),
         "--compose", str(Path(session.bin) / "docker-compose"), *session.posargs,
     )  # fmt: skip
+
+
+@nox.session(venv_backend="none", default=False)
+def new_op(session: nox.Session) -> None:
+    """Scaffold a new op: `nox -s new_op -- NAME` (docs/ADDING_AN_OP.md, tools/new_op.py).
+
+    Writes kernels/ops/NAME/NAME.cu, NAME's entry in xla_gpu_ops/ops.py and its reference in
+    xla_gpu_ops/reference.py: a working elementwise op on every route. `-- NAME --try` makes it
+    in a throwaway copy instead, builds it there and runs its tests (CI does).
+    """
+    if not session.posargs:
+        session.error("usage: nox -s new_op -- NAME [--try]")
+    session.run(sys.executable, str(ROOT / "tools" / "new_op.py"), *session.posargs,
+                external=True)  # fmt: skip
 
 
 @nox.session(python=PYTHON, default=False)

@@ -118,7 +118,8 @@ def test_custom_call_present_and_not_folded(frontend, op, zeros, artifacts_dir):
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
 def test_cli_torch_xla_after_optimizations_with_zero_constants(op, artifacts_dir):
     """A fresh process (XLA_FLAGS must be set before XLA starts) through the CLI."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     out = artifacts_dir / "cli"
     run = subprocess.run(

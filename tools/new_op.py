@@ -53,7 +53,7 @@ def scaffold(root: Path, name: str) -> list[Path]:
         raise SystemExit(f"new_op: {table}: no `OPS: tuple[Op, ...] = (...)` line to add to")
     entry = fill((TEMPLATES / "entry.py.in").read_text(), name)
     listed = f"{match['ops']}, {name.upper()}"
-    text = text[: match.start()] + entry.lstrip("\n") + "\n" + text[match.start() :]
+    text = text[: match.start()] + "\n" + entry.lstrip("\n") + "\n" + text[match.start() :]
     table.write_text(TABLE_LINE.sub(f"OPS: tuple[Op, ...] = ({listed})", text))
     references.write_text(
         references.read_text() + fill((TEMPLATES / "reference.py.in").read_text(), name)

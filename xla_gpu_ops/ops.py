@@ -534,7 +534,30 @@ place, returns None; JAX: the result aliases it).""",
     sample_attrs={"k_scale": None, "v_scale": None},
 )
 
-OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION, KV_CACHE_UPDATE)
+
+
+def _rms_norm_sample(zeros: bool) -> dict[str, np.ndarray]:
+    """8 rows of 320 (a 16-byte multiple: the CUDA kernel's vector path) and a non-unit weight."""
+    x, weight = np.zeros((8, 320), np.float32), np.zeros((320,), np.float32)
+    if not zeros:
+        rng = np.random.default_rng(0)
+        x[...] = rng.standard_normal(x.shape, np.float32)
+        weight[...] = rng.uniform(0.5, 1.5, weight.shape).astype(np.float32)
+    return {"x": x, "weight": weight}
+
+
+RMS_NORM = Op(
+    name="rms_norm",
+    operands=(Operand("x", -1, _FLOATS, "[..., H]"), Operand("weight", 1, "x's", "[H]")),
+    attrs=(Attr("eps", float, "added to the mean of squares (>= 0)", 1e-6),),
+    results=("out",),
+    result_like=("x",),
+    doc="out = x / sqrt(mean(x**2, last dim) + eps) * weight, in float32, rounded once to x's dtype.",
+    sample=_rms_norm_sample,
+    sample_attrs={"eps": 1e-6},
+)
+
+OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION, KV_CACHE_UPDATE, RMS_NORM)
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 
 

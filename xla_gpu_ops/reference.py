@@ -126,3 +126,10 @@ def kv_cache_update(
     if kv_cache.dtype == torch.float8_e4m3fn:  # no float8 indexing kernels: write the bytes
         rows, values = rows.view(torch.uint8), values.view(torch.uint8)
     rows[slot_mapping[keep].long()] = values
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """torch.nn.functional.rms_norm's math in float32, rounded once to x's dtype."""
+    x32 = x.float()
+    inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (x32 * inv_rms * weight.float()).to(x.dtype)

@@ -144,7 +144,9 @@ def test_torchax(op, jitted):
         public, n = getattr(xla_gpu_ops, op.name), op.num_required
 
         def call(*tensors):  # the attributes stay static Python values under jax_jit
-            return public(*tensors[:n], **attrs, **dict(zip(op.optional_names, tensors[n:])))
+            return public(
+                *tensors[:n], **attrs, **dict(zip(op.optional_names, tensors[n:], strict=True))
+            )
 
         # an op writing in place updates its torchax tensor: no jit of a function returning None
         fn = torchax.interop.jax_jit(call) if jitted and not op.aliases else call

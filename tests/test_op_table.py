@@ -192,8 +192,10 @@ def test_public_functions_take_the_signature_of_the_table(op):
     defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names) + [False]
     expected = [inspect.Parameter.empty if d is ops.REQUIRED else d for d in defaults]
     assert [p.default for p in keyword_only] == expected
-    assert fn.__name__ == op.name and op.doc.strip().splitlines()[0] in fn.__doc__
-    assert all(o.name in fn.__doc__ for o in op.operands) and "flag" in fn.__doc__
+    assert fn.__name__ == op.name
+    assert op.doc.strip().splitlines()[0] in fn.__doc__
+    assert all(o.name in fn.__doc__ for o in op.operands)
+    assert "flag" in fn.__doc__
     required = {a.name: 1.0 for a in op.attrs if a.default is ops.REQUIRED}
     fn(*range(op.num_required), **required, flag=True)
     operands, attrs = seen[0][0]
@@ -227,7 +229,9 @@ def test_a_forgotten_piece_is_named_with_the_file_to_write():
     with pytest.raises(TypeError, match=r"no sample: give Op\(sample=...\) in xla_gpu_ops/ops.py"):
         dataclasses.replace(ops.SIMPLE_ADD, name="unwritten", sample=None)
     unwritten = dataclasses.replace(ops.SIMPLE_ADD, name="unwritten")
-    with pytest.raises(NotImplementedError, match=r"def unwritten\(a, b\)` in xla_gpu_ops/reference"):
+    with pytest.raises(
+        NotImplementedError, match=r"def unwritten\(a, b\)` in xla_gpu_ops/reference"
+    ):
         reference.of(unwritten)
     found = {op.name: _entry(op) for op in ops.OPS}
     _library._check_table(Path("lib.so"), found)  # the table as it is: no error
@@ -251,7 +255,10 @@ def test_every_op_of_the_table_has_its_pieces(op):
     import xla_gpu_ops.jax as xjax
     from xla_gpu_ops import reference, torch_xla
 
-    assert callable(reference.of(op)) and callable(torch_xla.composite_of(op))
-    assert getattr(xla_gpu_ops, op.name).__name__ == op.name and op.name in xla_gpu_ops.__all__
-    assert getattr(xjax, op.name).__name__ == op.name and op.name in xjax.__all__
+    assert callable(reference.of(op))
+    assert callable(torch_xla.composite_of(op))
+    assert getattr(xla_gpu_ops, op.name).__name__ == op.name
+    assert op.name in xla_gpu_ops.__all__
+    assert getattr(xjax, op.name).__name__ == op.name
+    assert op.name in xjax.__all__
     assert set(op.sample(False)) == set(op.operand_names) == set(op.sample(True))

@@ -35,7 +35,8 @@ def test_matches_torch_rms_norm(device, dtype, shape):
     x, weight = inputs(shape, dtype, device)
     out = xla_gpu_ops.rms_norm(x, weight, eps=1e-5)
     want = torch.nn.functional.rms_norm(x.float(), (shape[-1],), weight.float(), eps=1e-5)
-    assert out.dtype == dtype and out.shape == x.shape
+    assert out.dtype == dtype
+    assert out.shape == x.shape
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float().cpu(), want.cpu(), rtol=tol, atol=tol)
 

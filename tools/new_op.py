@@ -53,7 +53,8 @@ def scaffold(root: Path, name: str) -> list[Path]:
         raise SystemExit(f"new_op: {table}: no `OPS: tuple[Op, ...] = (...)` line to add to")
     entry = fill((TEMPLATES / "entry.py.in").read_text(), name)
     listed = f"{match['ops']}, {name.upper()}"
-    text = text[: match.start()] + "\n" + entry.lstrip("\n") + "\n" + text[match.start() :]
+    before, after = text[: match.start()].rstrip("\n"), text[match.start() :]
+    text = f"{before}\n\n\n{entry.strip()}\n\n{after}"  # the blank lines ruff format keeps
     table.write_text(TABLE_LINE.sub(f"OPS: tuple[Op, ...] = ({listed})", text))
     references.write_text(
         references.read_text() + fill((TEMPLATES / "reference.py.in").read_text(), name)

@@ -341,7 +341,7 @@ def public_function(op: Op, forward: Callable[..., Any], extras: Sequence[Extra]
     operands, then keyword-only the attributes (with their defaults) and the optional operands
     (default None), then the `extras`. It calls forward(operands in table order, {attribute:
     value}, **extras): Python has bound the arguments, so the call costs no binding of ours."""
-    params = list(op.operand_names[: op.num_required]) + ["*"]
+    params = [*op.operand_names[: op.num_required], "*"]
     namespace: dict[str, Any] = {"_forward": forward}
     for i, a in enumerate(op.attrs):
         if a.default is REQUIRED:
@@ -360,7 +360,7 @@ def public_function(op: Op, forward: Callable[..., Any], extras: Sequence[Extra]
         f"def {op.name}({', '.join(params)}):\n"
         f"    return _forward([{operands}], {{{attrs}}}{keywords})\n"
     )
-    exec(compile(source, f"<xla_gpu_ops.ops: {op.name}>", "exec"), namespace)  # noqa: S102
+    exec(compile(source, f"<xla_gpu_ops.ops: {op.name}>", "exec"), namespace)
     function = namespace[op.name]
     function.__module__ = module
     function.__qualname__ = op.name
@@ -533,7 +533,6 @@ place, returns None; JAX: the result aliases it).""",
     sample=_kv_cache_update_sample,
     sample_attrs={"k_scale": None, "v_scale": None},
 )
-
 
 
 def _rms_norm_sample(zeros: bool) -> dict[str, np.ndarray]:

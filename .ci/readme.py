@@ -12,6 +12,8 @@ program, `python - <<EOF`, with the interpreter README's commands put first on P
 Then the checks:
 - pytest: every run passed tests and failed none; the host's `nox -s ... tests ... xla_cuda`
   gives the same counts as compose's `tests` and `tests-xla-cuda` services;
+- the scaffold stays true: `nox -s new_op -- NAME --try` makes a throwaway op in a temporary copy,
+  builds it and passes its tests (docs/ADDING_AN_OP.md);
 - compose's test services have no network (their resolved config);
 - the dev container README opened: a host edit to a kernel source is seen inside and `nox -s
   build` there compiles just that object; a host edit to a Python module is seen by the next
@@ -47,6 +49,7 @@ FENCE = re.compile(r"^```(\w+)(.*)$")
 MARK = "::xgo-readme::"  # the runner's own lines in the output stream
 PYTHON_PROBE_FILE = ROOT / "xla_gpu_ops" / "__init__.py"
 KERNEL_PROBE_FILE = ROOT / "kernels" / "ops" / "simple_add" / "simple_add.cu"
+NEW_OP_PROBE = "ci_scaffold_probe"  # the scaffold's throwaway op (check_new_op)
 KERNEL_PROBE_OBJECT = "ops/simple_add/simple_add.cu.o"  # its object, below CMake's target folder
 
 
@@ -271,6 +274,19 @@ def check_edit_in_place(args: list[str], problems: list[str]) -> dict[str, objec
     return check
 
 
+def check_new_op(problems: list[str]) -> dict[str, object]:
+    """The scaffold and its guide stay true (docs/ADDING_AN_OP.md): a throwaway op, made in a
+    temporary copy with the environments README's commands made, builds and passes its tests."""
+    started = time.monotonic()
+    nox = ROOT / ".nox" / "_bootstrap" / "bin" / "nox"
+    command = [str(nox), "-s", "new_op", "--", NEW_OP_PROBE, "--try"]
+    print(f"{MARK} {' '.join(command[1:])}", flush=True)
+    code = subprocess.run(command, cwd=ROOT, check=False).returncode
+    if code != 0:
+        problems.append(f"nox -s new_op -- {NEW_OP_PROBE} --try exited {code}")
+    return {"exit": code, "seconds": round(time.monotonic() - started)}
+
+
 def image_sizes(compose: list[str]) -> dict[str, str]:
     config = subprocess.run([*compose, "config", "--images"], cwd=ROOT, capture_output=True,
                             text=True, check=True)  # fmt: skip
@@ -308,6 +324,7 @@ def main() -> int:
     ]}  # fmt: skip
     record["pytest"] = check_pytest(results, problems)
     if exit_code == 0:
+        record["new op scaffold"] = check_new_op(problems)
         compose = compose_command(run)
         check_no_network(compose, problems)
         dev_args = devcontainer_args(run)

@@ -51,7 +51,6 @@ int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& 
 
 // Whether the current device runs the sm_90a kernel: compute capability 9.x and sm_90a code in
 // this library, queried once per device (prefill_sm90.cu).
-int32_t Sm90PrefillAvailable(bool* available);
 
 }  // namespace xgo
 

@@ -170,12 +170,14 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   if (c.num_q_heads > INT32_MAX / c.head_dim) {
     return Invalid("query", "num_q_heads * head_dim is too large", c.num_q_heads * c.head_dim);
   }
-  // Planned without the device: the workspace does not depend on it, and the grid limits are
-  // checked as on a device that runs the sm_90a kernel (an fp8 plan's short region runs there).
+  // Planned once, from the shapes: the workspace does not depend on the device, and the grid
+  // limits are checked as on a device that runs the sm_90a kernel (an fp8 plan's short region
+  // runs there). Launch places c.plan on its device.
+  c.plan = PlanShapes(c);
   PlanDevice any_device;
   any_device.sm90_prefill = true;
-  const PagedAttentionPlan plan = MakePagedAttentionPlan(c, any_device);
-  XGO_RETURN_IF_FAILED(CheckKernelLimits(c, plan));
+  const PagedAttentionPlan& plan = c.plan;
+  XGO_RETURN_IF_FAILED(CheckKernelLimits(c, PlaceOnDevice(c, plan, any_device)));
 
   results->results[0] = ToXgoShape(query);
   XgoShape& workspace = results->results[1];

@@ -1,6 +1,6 @@
 // paged_attention: ragged paged attention with torch_xla `ragged_paged_attention` semantics
-// (docs/DESIGN.md). The op struct of op.h; in src/paged_attention/: Describe in op.cc, Launch in
-// launch.cu, RunHost and CheckHostValues in host.cc. Kernels and plan: paged_attention/.
+// (docs/DESIGN.md). The op struct of core/op.h; beside it: Describe in op.cc, Launch in launch.cu,
+// RunHost and CheckHostValues in host.cc, the plan in plan.h, the kernels in their .cuh files.
 //
 //   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
 //   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype or
@@ -28,28 +28,11 @@
 #include <array>
 
 #include "core/op.h"
+#include "ops/paged_attention/plan.h"
 
 namespace xgo {
 
 // Everything static a launch needs: dims from the operand shapes, dtypes, attributes.
-struct PagedAttentionConfig {
-  int32_t dtype;     // query, out
-  int32_t kv_dtype;  // kv_cache
-  int64_t num_tokens;
-  int64_t num_q_heads;
-  int64_t num_kv_heads;
-  int64_t head_dim;
-  int64_t num_pages;
-  int64_t page_size;
-  int64_t max_num_seqs;
-  int64_t pages_per_seq;
-  int64_t sliding_window;  // 0: no window
-  float scale;
-  float soft_cap;  // 0: no cap
-  float k_scale;
-  float v_scale;
-  bool has_sinks;  // sinks is [num_q_heads], not [0]
-};
 
 struct PagedAttention {
   static constexpr const char* kName = "paged_attention";
@@ -73,7 +56,11 @@ struct PagedAttention {
       {"k_scale", XGO_ATTR_F32, offsetof(Attrs, k_scale)},
       {"v_scale", XGO_ATTR_F32, offsetof(Attrs, v_scale)},
   }};
-  using Config = PagedAttentionConfig;
+  // The call's static facts and its plan from the shapes, made once per call by Describe; Launch
+  // places the plan on the device it runs on (PlaceOnDevice).
+  struct Config : PagedAttentionConfig {
+    PagedAttentionPlan plan;
+  };
 
   static int32_t Describe(const OpCall<PagedAttention>& call, Config* config, XgoResults* results);
   static int32_t Launch(const Config& config, void* const* buffers, cudaStream_t stream);

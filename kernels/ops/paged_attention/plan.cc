@@ -8,7 +8,6 @@
 #include "xla_gpu_ops/c_api.h"
 #include "core/op_binding.h"
 #include "ops/paged_attention/paged_attention.h"
-#include "ops/paged_attention/launch.h"
 #include "ops/paged_attention/plan.h"
 #include "core/status.h"
 

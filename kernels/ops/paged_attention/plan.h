@@ -9,10 +9,29 @@
 #include <stdint.h>
 
 #include "xla_gpu_ops/c_api.h"
-#include "ops/paged_attention/paged_attention.h"
 #include "ops/paged_attention/tuning.h"
 
 namespace xgo {
+
+// A call's static facts: what the plan, the launchers and the host implementation read.
+struct PagedAttentionConfig {
+  int32_t dtype;     // query, out
+  int32_t kv_dtype;  // kv_cache
+  int64_t num_tokens;
+  int64_t num_q_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t num_pages;
+  int64_t page_size;
+  int64_t max_num_seqs;
+  int64_t pages_per_seq;
+  int64_t sliding_window;  // 0: no window
+  float scale;
+  float soft_cap;  // 0: no cap
+  float k_scale;
+  float v_scale;
+  bool has_sinks;  // sinks is [num_q_heads], not [0]
+};
 
 // Workspace (float32 elements), in this order:
 //   [0, kFlagsHeader)                 word 0: 1 if num_seqs / query_start_loc are consistent;
@@ -119,10 +138,9 @@ inline bool UsesSm90Prefill(const PagedAttentionConfig& c, const PagedAttentionP
   return p.fp8_kv || p.short_splits == 0 || mostly_prefill;
 }
 
-// The plan of a call from its static shapes and the device's facts (PlanDevice): the path, the
-// grid, the KV splits and the workspace layout. The workspace depends on the shapes only.
-inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
-                                                 const PlanDevice& device = PlanDevice{}) {
+// The plan of a call from its static shapes alone (Describe makes it once per call): the path as
+// on a device without the sm_90a kernel, the grid, the KV splits and the workspace layout.
+inline PagedAttentionPlan PlanShapes(const PagedAttentionConfig& c) {
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
   p.fp8_kv = c.kv_dtype == XGO_F8E4M3FN;
@@ -208,9 +226,15 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
     }
   }
   p.workspace_elems = elems;
-  // The same workspace either way: the sm_90a kernel runs the splits and short region planned
-  // for the mma.sync kernels. The 64-row tiles run the short sequences as tiles of their own: an
-  // fp8 plan that stays there keeps the short region's workspace, unused.
+  return p;
+}
+
+// The shapes' plan placed on a device (PlanDevice): the sm_90a kernel where it runs the prefill
+// tiles. The same workspace either way: the sm_90a kernel runs the splits and short region planned
+// for the mma.sync kernels. The 64-row tiles run the short sequences as tiles of their own: an fp8
+// plan that stays there keeps the short region's workspace, unused.
+inline PagedAttentionPlan PlaceOnDevice(const PagedAttentionConfig& c, PagedAttentionPlan p,
+                                        const PlanDevice& device) {
   if (UsesSm90Prefill(c, p, device)) {
     p.path = AttentionPath::kPrefillSm90;
   } else if (p.path == AttentionPath::kRowsMma) {
@@ -219,11 +243,17 @@ inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
   return p;
 }
 
+inline PagedAttentionPlan MakePagedAttentionPlan(const PagedAttentionConfig& c,
+                                                 const PlanDevice& device = PlanDevice{}) {
+  return PlaceOnDevice(c, PlanShapes(c), device);
+}
+
 // The device facts the plan takes, for the current device: whether it runs the sm_90a kernel
 // (compute capability 9.x and sm_90a code in this library, queried once per device) and the
-// prefill kernel xgo_debug_force_prefill_kernel forces, if any. Defined in
-// src/paged_attention/plan.cc.
+// prefill kernel xgo_debug_force_prefill_kernel forces, if any. Defined in plan.cc.
 int32_t QueryPlanDevice(PlanDevice* device);
+// Whether the current device runs this library's sm_90a prefill kernel (prefill_sm90.cu).
+int32_t Sm90PrefillAvailable(bool* available);
 
 }  // namespace xgo
 

@@ -65,8 +65,9 @@ def overwritten_file(session: nox.Session, package: str, python: str | None = No
     if python is None:
         out = session.run_install("python", "-c", _RECORD_CHECK, package, silent=True, log=False)
     else:
-        out = session.run(python, "-c", _RECORD_CHECK, package, silent=True, log=False,
-                          external=True)  # fmt: skip
+        out = session.run(
+            python, "-c", _RECORD_CHECK, package, silent=True, log=False, external=True
+        )
     return (out or "").strip()
 
 
@@ -84,9 +85,15 @@ def install_lock(session: nox.Session, name: str) -> None:
 # Editable install of xla_gpu_ops (its dependencies come from the lock): a .pth pointing at the
 # source tree, no CMake run; the library is the one `nox -s build` put in xla_gpu_ops/_lib.
 EDITABLE_ARGS = (
-    "--no-deps", "--no-build-isolation", "-C", "wheel.cmake=false",
-    "-C", "editable.mode=inplace", "-e", str(ROOT),
-)  # fmt: skip
+    "--no-deps",
+    "--no-build-isolation",
+    "-C",
+    "wheel.cmake=false",
+    "-C",
+    "editable.mode=inplace",
+    "-e",
+    str(ROOT),
+)
 
 
 def install_package(session: nox.Session) -> None:
@@ -239,8 +246,15 @@ def dev(session: nox.Session) -> None:
         overwritten = overwritten_file(session, package, str(python))
         if overwritten:  # overwritten by torch_xla's copy: the locked files back
             session.log(f"{package}: another wheel overwrote {overwritten}; reinstalling")
-            session.run(*install, "--require-hashes", "--reinstall-package", package,
-                        "-r", lock_file, external=True)  # fmt: skip
+            session.run(
+                *install,
+                "--require-hashes",
+                "--reinstall-package",
+                package,
+                "-r",
+                lock_file,
+                external=True,
+            )
     session.run(*install, *EDITABLE_ARGS, external=True)
     session.log(f"ready: source {venv.relative_to(ROOT)}/bin/activate")
 
@@ -257,9 +271,12 @@ def docker(session: nox.Session) -> None:
     """
     install_lock(session, "compose")
     session.run(
-        "python", str(ROOT / "tools" / "prepare_docker.py"),
-        "--compose", str(Path(session.bin) / "docker-compose"), *session.posargs,
-    )  # fmt: skip
+        "python",
+        str(ROOT / "tools" / "prepare_docker.py"),
+        "--compose",
+        str(Path(session.bin) / "docker-compose"),
+        *session.posargs,
+    )
 
 
 @nox.session(venv_backend="none", default=False)
@@ -272,8 +289,7 @@ def new_op(session: nox.Session) -> None:
     """
     if not session.posargs:
         session.error("usage: nox -s new_op -- NAME [--try]")
-    session.run(sys.executable, str(ROOT / "tools" / "new_op.py"), *session.posargs,
-                external=True)  # fmt: skip
+    session.run(sys.executable, str(ROOT / "tools" / "new_op.py"), *session.posargs, external=True)
 
 
 @nox.session(python=PYTHON, default=False)
@@ -287,10 +303,19 @@ def lock(session: nox.Session) -> None:
     session.chdir(ROOT)  # relative paths: the command in each lock's header stays the same
     for source in sorted(path.relative_to(ROOT) for path in LOCKS.glob("*.in")):
         session.run(
-            "uv", "pip", "compile", "--quiet", "--generate-hashes",
-            "--python-version", PYTHON, "--python-platform", LOCK_PLATFORM,
-            str(source), "-o", str(source.with_suffix(".txt")),
-        )  # fmt: skip
+            "uv",
+            "pip",
+            "compile",
+            "--quiet",
+            "--generate-hashes",
+            "--python-version",
+            PYTHON,
+            "--python-platform",
+            LOCK_PLATFORM,
+            str(source),
+            "-o",
+            str(source.with_suffix(".txt")),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,9 +332,12 @@ def xla_cuda(session: nox.Session) -> None:
     install_package(session)
     ARTIFACTS.mkdir(exist_ok=True)
     session.run(
-        "pytest", "-m", "xla_cuda or torch_xla", *session.posargs,
+        "pytest",
+        "-m",
+        "xla_cuda or torch_xla",
+        *session.posargs,
         env={"XLA_GPU_OPS_ARTIFACTS": str(ARTIFACTS), "PJRT_DEVICE": "CPU"},
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -238,8 +238,9 @@ def dockerfile_stages(instructions: list[tuple[str, str]]) -> dict[str, list[lis
             if current is not None:
                 stages[current] = list(stages.get(words[0], []))
         elif keyword == "CMD" and current is not None:
-            stages[current] = [c for tokens in dockerfile_commands([(keyword, rest)])
-                               for c in nox_calls(tokens)]  # fmt: skip
+            stages[current] = [
+                c for tokens in dockerfile_commands([(keyword, rest)]) for c in nox_calls(tokens)
+            ]
     return stages
 
 
@@ -434,8 +435,14 @@ def check_devcontainer(
         if not isinstance(extension, str) or not VSCODE_EXTENSION_ID.match(extension):
             problems.add(name, f"VS Code extension id {extension!r} is not 'publisher.name'")
     commands: list[list[str]] = []
-    for key in ("initializeCommand", "onCreateCommand", "updateContentCommand", "postCreateCommand",
-                "postStartCommand", "postAttachCommand"):  # fmt: skip
+    for key in (
+        "initializeCommand",
+        "onCreateCommand",
+        "updateContentCommand",
+        "postCreateCommand",
+        "postStartCommand",
+        "postAttachCommand",
+    ):
         value = config.get(key)
         # An object form runs several commands in parallel, each a string or a list.
         for command in value.values() if isinstance(value, dict) else [value]:
@@ -453,8 +460,12 @@ def readme_command(root: Path, sessions: set[str], problems: Problems) -> tuple[
     if not path.is_file():
         problems.add(README, "missing")
         return [], []
-    calls = [call for step in readme.steps(path) if step.kind == "bash"
-             for call in nox_calls(shell_tokens(step.text, comments=True))]  # fmt: skip
+    calls = [
+        call
+        for step in readme.steps(path)
+        if step.kind == "bash"
+        for call in nox_calls(shell_tokens(step.text, comments=True))
+    ]
     tests = next((call for call in calls if "tests" in call), None)
     if tests is None:
         problems.add(README, "runs no `nox -s ... tests ...`: the test command not found")

@@ -137,19 +137,28 @@ class Disk:
     def summary(self) -> dict[str, str]:
         self._on = False
         peak = max(0, self.peak - self.start_used)
-        return {"free at the start": f"{self.start_free / 1e9:.1f} GB",
-                "peak use above the start": f"{peak / 1e9:.1f} GB"}  # fmt: skip
+        return {
+            "free at the start": f"{self.start_free / 1e9:.1f} GB",
+            "peak use above the start": f"{peak / 1e9:.1f} GB",
+        }
 
 
 def run_steps(run: list[Step], log: Path) -> tuple[int, list[dict]]:
     """Runs the script, streaming its output; per step: its output, time and whether it ended."""
-    results = [{"step": step.title, "words": step.words, "line": step.line, "output": []}
-               for step in run]  # fmt: skip
+    results = [
+        {"step": step.title, "words": step.words, "line": step.line, "output": []} for step in run
+    ]
     current = None
-    with log.open("w") as log_file, subprocess.Popen(
-        ["bash", "-c", script(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace",
-    ) as process:  # fmt: skip
+    with (
+        log.open("w") as log_file,
+        subprocess.Popen(
+            ["bash", "-c", script(run)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as process,
+    ):
         assert process.stdout is not None
         for line in process.stdout:
             log_file.write(line)
@@ -189,14 +198,23 @@ def check_pytest(results: list[dict], problems: list[str]) -> dict[str, list[str
         if lines:
             found[entry["step"]], words[entry["step"]] = lines, entry["words"]
             problems += [f"{entry['step']}: {p}" for p in pytest_summaries.problems(lines)]
-    host = next((lines for step, lines in found.items()
-                 if words[step][:1] == ["nox"] and "xla_cuda" in words[step]), None)  # fmt: skip
+    host = next(
+        (
+            lines
+            for step, lines in found.items()
+            if words[step][:1] == ["nox"] and "xla_cuda" in words[step]
+        ),
+        None,
+    )
     if host is None or len(host) != 2:
         problems.append(f"the host's `nox -s ... tests ... xla_cuda` gave summaries {host}")
         return found
     for service, expected in (("tests", host[0]), ("tests-xla-cuda", host[1])):
-        runs = [lines for step, lines in found.items()
-                if words[step][:2] == ["docker", "compose"] and words[step][-1] == service]  # fmt: skip
+        runs = [
+            lines
+            for step, lines in found.items()
+            if words[step][:2] == ["docker", "compose"] and words[step][-1] == service
+        ]
         if not runs:
             problems.append(f"no `docker compose ... run --rm {service}` in README ran pytest")
         for lines in runs:
@@ -214,8 +232,13 @@ def compose_command(run: list[Step]) -> list[str]:
 
 
 def check_no_network(compose: list[str], problems: list[str]) -> None:
-    config = subprocess.run([*compose, "config", "--format", "json"], cwd=ROOT,
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    config = subprocess.run(
+        [*compose, "config", "--format", "json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     services = json.loads(config.stdout)["services"]
     for name in ("tests", "tests-xla-cuda"):
         if services[name].get("network_mode") != "none":
@@ -234,8 +257,13 @@ def devcontainer_args(run: list[Step]) -> list[str]:
 
 def check_edit_in_place(args: list[str], problems: list[str]) -> dict[str, object]:
     def inside(*command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["devcontainer", "exec", *args, *command], cwd=ROOT,
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        return subprocess.run(
+            ["devcontainer", "exec", *args, *command],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
     token = secrets.token_hex(6)
     originals = {
@@ -266,8 +294,12 @@ def check_edit_in_place(args: list[str], problems: list[str]) -> dict[str, objec
         for path, (content, stat) in originals.items():
             path.write_bytes(content)
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    expected = {"kernel edit seen inside": True, "nox -s build compiled": [KERNEL_PROBE_OBJECT],
-                "nox -s build linked": True, "python edit seen by an import": True}  # fmt: skip
+    expected = {
+        "kernel edit seen inside": True,
+        "nox -s build compiled": [KERNEL_PROBE_OBJECT],
+        "nox -s build linked": True,
+        "python edit seen by an import": True,
+    }
     for key, value in expected.items():
         if check.get(key) != value:
             problems.append(f"dev container: {key}: {check.get(key)!r}, expected {value!r}")
@@ -288,12 +320,17 @@ def check_new_op(problems: list[str]) -> dict[str, object]:
 
 
 def image_sizes(compose: list[str]) -> dict[str, str]:
-    config = subprocess.run([*compose, "config", "--images"], cwd=ROOT, capture_output=True,
-                            text=True, check=True)  # fmt: skip
+    config = subprocess.run(
+        [*compose, "config", "--images"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     sizes = {}
     for image in sorted(set(config.stdout.split())):
-        size = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", image],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        size = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{.Size}}", image],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if size.returncode == 0:
             sizes[image] = f"{int(size.stdout) / 1e9:.2f} GB"
     return sizes
@@ -319,9 +356,12 @@ def main() -> int:
     if exit_code != 0:
         failed = next((entry["step"] for entry in results if not entry["ended"]), "?")
         problems.append(f"README's commands stopped with exit {exit_code} at: {failed}")
-    record: dict[str, object] = {"commands": [
-        {key: entry[key] for key in ("step", "line", "seconds") if key in entry} for entry in results
-    ]}  # fmt: skip
+    record: dict[str, object] = {
+        "commands": [
+            {key: entry[key] for key in ("step", "line", "seconds") if key in entry}
+            for entry in results
+        ]
+    }
     record["pytest"] = check_pytest(results, problems)
     if exit_code == 0:
         record["new op scaffold"] = check_new_op(problems)
@@ -331,8 +371,9 @@ def main() -> int:
         try:
             record["dev container"] = check_edit_in_place(dev_args, problems)
         finally:
-            subprocess.run([*compose, "down", "--remove-orphans"], cwd=ROOT, capture_output=True,
-                           check=False)  # fmt: skip
+            subprocess.run(
+                [*compose, "down", "--remove-orphans"], cwd=ROOT, capture_output=True, check=False
+            )
         record["images"] = image_sizes(compose)
     record["disk"] = disk.summary()
     record["total"] = f"{(time.monotonic() - started) / 60:.1f} min"

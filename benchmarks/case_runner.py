@@ -30,8 +30,11 @@ from benchmarks.timing import error_text, time_jax_chain, time_torch
 
 # Ours is compared with these peers' outputs on every row where they ran (the first one present of
 # each group): FlashInfer, its XQA decode, and SDPA (on contiguous K/V, else gathered per sequence).
-CROSS_CHECK_GROUPS = (("flashinfer_decode", "flashinfer_prefill"), ("flashinfer_xqa",),
-                      ("torch_sdpa_contiguous", "torch_gather_sdpa"))  # fmt: skip
+CROSS_CHECK_GROUPS = (
+    ("flashinfer_decode", "flashinfer_prefill"),
+    ("flashinfer_xqa",),
+    ("torch_sdpa_contiguous", "torch_gather_sdpa"),
+)
 # XQA's Hopper kernel for an fp8 cache multiplies in fp8 (mha_sm90.cu: MathElem is the cache's
 # type, so q and the probabilities are rounded to e4m3): 3.8e-2 relative L2 in a CPU emulation on
 # the anchor's random inputs; FlashInfer's own XQA test allows 1e-1 for fp8.
@@ -48,8 +51,9 @@ def _expected(case, first_copy, on_gpu: bool):
     compute = "float64" if not on_gpu else "float32"
     import torch
 
-    out = ours.reference_paged_attention(**op_operands(first_copy), **op_attributes(case),
-                                         compute_dtype=getattr(torch, compute))  # fmt: skip
+    out = ours.reference_paged_attention(
+        **op_operands(first_copy), **op_attributes(case), compute_dtype=getattr(torch, compute)
+    )
     return out.float().cpu()
 
 
@@ -60,9 +64,19 @@ def _tolerance(case, impl: str) -> float:
     return XQA_FP8_TOLERANCE if impl == "flashinfer_xqa" and case.kv_fp8 else 2e-2
 
 
-def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2_bytes: int,
-             progress=None, skips: dict | None = None, on_impl=None,
-             skip_impls: Mapping[str, str] | None = None) -> dict:  # fmt: skip
+def run_case(
+    env,
+    case,
+    ceilings: dict,
+    *,
+    samples: int,
+    budget_bytes: float,
+    l2_bytes: int,
+    progress=None,
+    skips: dict | None = None,
+    on_impl=None,
+    skip_impls: Mapping[str, str] | None = None,
+) -> dict:
     """Measure one case for every implementation; never raises for an implementation's failure.
 
     skips: {impl: reason} recorded as failed without running (an earlier worker crashed there).
@@ -81,14 +95,17 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
         "impls": {},
     }
     if case.kind == "host_cost":
-        record["impls"] = measure_host_cost(env, case, samples=samples, on_impl=on_impl,
-                                            skips=skips, skip_impls=skip_impls)  # fmt: skip
+        record["impls"] = measure_host_cost(
+            env, case, samples=samples, on_impl=on_impl, skips=skips, skip_impls=skip_impls
+        )
         return record
     per_copy = case.kv_cache_bytes if case.kind != "simple_add" else case.bytes_needed()
     # peers that keep a second layout of the cache (contiguous K/V, transposed pages) double it
     if 2 * per_copy > budget_bytes:
-        record["skipped"] = (f"KV cache {per_copy / 1e9:.1f} GB (x2 for peer layouts) exceeds the "
-                             f"memory budget {budget_bytes / 1e9:.0f} GB")  # fmt: skip
+        record["skipped"] = (
+            f"KV cache {per_copy / 1e9:.1f} GB (x2 for peer layouts) exceeds the "
+            f"memory budget {budget_bytes / 1e9:.0f} GB"
+        )
         return record
     # CPU smoke: two copies exercise the rotation without multiplying slow host timings
     copies_wanted = num_copies(case, l2_bytes, cap=32 if env.on_gpu else 2)
@@ -98,8 +115,9 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
     copies = [build_inputs(case, env.device, seed=1000 + case_seed(case))]
     meta = meta_of(copies[0])
     for i in range(1, copies_n):
-        copies.append(build_inputs(case, env.device, seed=1000 + case_seed(case) + i,
-                                   metadata=meta or None))  # fmt: skip
+        copies.append(
+            build_inputs(case, env.device, seed=1000 + case_seed(case) + i, metadata=meta or None)
+        )
     expected = _expected(case, copies[0], env.on_gpu)
     record["check_against"] = "reference (higher precision)" if expected is not None else None
     fingerprint = _fingerprint(copies)
@@ -144,8 +162,13 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
             def timed(runner=runner):
                 if runner.framework == "torch":
                     return time_torch(runner.calls, samples=samples, graph=runner.graph)
-                return time_jax_chain(runner.program, runner.first_carry, runner.operand_sets,
-                                      chain=runner.chain, samples=samples)  # fmt: skip
+                return time_jax_chain(
+                    runner.program,
+                    runner.first_carry,
+                    runner.operand_sets,
+                    chain=runner.chain,
+                    samples=samples,
+                )
 
             timing = timed()
             entry.update(_summarise(timing, case, record, ceilings), status="ok")
@@ -182,9 +205,15 @@ def run_case(env, case, ceilings: dict, *, samples: int, budget_bytes: float, l2
             entry["status"] = "failed"
             entry["reason"] = "inputs changed while it ran (a write outside its outputs)"
             first = build_inputs(case, env.device, seed=1000 + case_seed(case))
-            copies = [first] + [build_inputs(case, env.device, seed=1000 + case_seed(case) + i,
-                                             metadata=meta_of(first) or None)
-                                for i in range(1, copies_n)]  # fmt: skip
+            copies = [first] + [
+                build_inputs(
+                    case,
+                    env.device,
+                    seed=1000 + case_seed(case) + i,
+                    metadata=meta_of(first) or None,
+                )
+                for i in range(1, copies_n)
+            ]
             outputs.pop(spec.name, None)
             fingerprint = _fingerprint(copies)
     del copies
@@ -198,8 +227,9 @@ def cross_check(record: dict, outputs: dict, tolerance) -> dict:
     """Our primary implementation's output against FlashInfer's, XQA's and SDPA's (relative L2
     error; tolerance(peer) is the most it may be)."""
     impls = record["impls"]
-    ours_name = next((n for n in PRIMARY_ORDER if n in outputs and impls[n].get("status") == "ok"),
-                     None)  # fmt: skip
+    ours_name = next(
+        (n for n in PRIMARY_ORDER if n in outputs and impls[n].get("status") == "ok"), None
+    )
     result: dict = {"ours": ours_name, "against": {}}
     for group in CROSS_CHECK_GROUPS:
         ran = [n for n in group if n in impls]
@@ -215,8 +245,10 @@ def cross_check(record: dict, outputs: dict, tolerance) -> dict:
             result["against"][ran[0]] = {"check": "not run", "reason": str(why)[:200]}
             continue
         err = rel_l2(outputs[ours_name], outputs[peer])
-        result["against"][peer] = {"rel_l2_err": err,
-                                   "check": "ok" if err <= tolerance(peer) else "MISMATCH"}  # fmt: skip
+        result["against"][peer] = {
+            "rel_l2_err": err,
+            "check": "ok" if err <= tolerance(peer) else "MISMATCH",
+        }
     return result
 
 
@@ -227,8 +259,9 @@ TORCHAX_LOADED_REASON = (
 )
 
 
-def _skip_reason(spec, case, env, skips: dict | None,
-                 skip_impls: Mapping[str, str] | None = None) -> tuple[str, str] | None:  # fmt: skip
+def _skip_reason(
+    spec, case, env, skips: dict | None, skip_impls: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
     """(status, reason) when `spec` is not run on `case`; None when it runs."""
     reason = left_out_reason(skip_impls, spec.name, case.name)
     if reason:
@@ -242,15 +275,19 @@ def _skip_reason(spec, case, env, skips: dict | None,
     return None
 
 
-def needs_fresh_process(case, env, skips: dict | None,
-                        skip_impls: Mapping[str, str] | None = None) -> bool:  # fmt: skip
+def needs_fresh_process(
+    case, env, skips: dict | None, skip_impls: Mapping[str, str] | None = None
+) -> bool:
     """Whether `case` runs an implementation that needs a process without torchax, and this
     process has torchax loaded already."""
     if not P.torchax_loaded():
         return False
-    return any(case.kind in spec.kinds and P.needs_clean_process(spec, env)
-               and _skip_reason(spec, case, env, skips, skip_impls) is None
-               for spec in P.IMPLS)  # fmt: skip
+    return any(
+        case.kind in spec.kinds
+        and P.needs_clean_process(spec, env)
+        and _skip_reason(spec, case, env, skips, skip_impls) is None
+        for spec in P.IMPLS
+    )
 
 
 def meta_of(inputs: dict) -> dict:

@@ -86,8 +86,11 @@ class Case:
     @property
     def features(self) -> tuple[str, ...]:
         """What the variant asks of an implementation beyond plain causal attention."""
-        wanted = ((self.kv_fp8, FP8_FEATURE), (self.sinks, SINKS_FEATURE),
-                  (self.sliding_window is not None, WINDOW_FEATURE))  # fmt: skip
+        wanted = (
+            (self.kv_fp8, FP8_FEATURE),
+            (self.sinks, SINKS_FEATURE),
+            (self.sliding_window is not None, WINDOW_FEATURE),
+        )
         return tuple(name for present, name in wanted if present)
 
     def visible_keys(self, q_len: int, ctx: int) -> int:
@@ -159,21 +162,41 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
-def _variant_tag(kv_dtype: str = "", sinks: bool = False,
-                 sliding_window: int | None = None) -> str:  # fmt: skip
+def _variant_tag(kv_dtype: str = "", sinks: bool = False, sliding_window: int | None = None) -> str:
     """A case's variant (the Case fields of the same names) in its name, after the head dim."""
-    return (("_fp8" if kv_dtype == FP8 else "") + ("_sinks" if sinks else "")
-            + (f"_w{sliding_window}" if sliding_window else ""))  # fmt: skip
+    return (
+        ("_fp8" if kv_dtype == FP8 else "")
+        + ("_sinks" if sinks else "")
+        + (f"_w{sliding_window}" if sliding_window else "")
+    )
 
 
-def decode_case(batch: int, context: int, heads: tuple[int, int], head_dim=128, page_size=16,
-                slow_peers=False, tags=(), **variant) -> Case:  # fmt: skip
+def decode_case(
+    batch: int,
+    context: int,
+    heads: tuple[int, int],
+    head_dim=128,
+    page_size=16,
+    slow_peers=False,
+    tags=(),
+    **variant,
+) -> Case:
     """variant: kv_dtype, sinks, sliding_window (Case fields; _variant_tag names them)."""
     hq, hkv = heads
     tag = _variant_tag(**variant)
     name = f"decode_B{batch}_ctx{_k(context)}_h{hq}-{hkv}_d{head_dim}{tag}_p{page_size}"
-    return Case(name, "decode", ((1, context),) * batch, hq, hkv, head_dim, page_size,
-                slow_peers=slow_peers or name == ANCHOR, tags=tuple(tags), **variant)  # fmt: skip
+    return Case(
+        name,
+        "decode",
+        ((1, context),) * batch,
+        hq,
+        hkv,
+        head_dim,
+        page_size,
+        slow_peers=slow_peers or name == ANCHOR,
+        tags=tuple(tags),
+        **variant,
+    )
 
 
 def mixed_case(heads=(32, 8), head_dim: int = 128, seed: int = 1234, **variant) -> Case:
@@ -184,17 +207,32 @@ def mixed_case(heads=(32, 8), head_dim: int = 128, seed: int = 1234, **variant) 
     decodes = [(1, rng.randrange(1024, 8193)) for _ in range(60)]
     seqs = prefills + decodes
     rng.shuffle(seqs)
-    return Case(f"mixed_4prefill_60decode_h{hq}-{hkv}_d{head_dim}{_variant_tag(**variant)}_p16",
-                "mixed", tuple(seqs), hq, hkv, head_dim, slow_peers=True, **variant)  # fmt: skip
+    return Case(
+        f"mixed_4prefill_60decode_h{hq}-{hkv}_d{head_dim}{_variant_tag(**variant)}_p16",
+        "mixed",
+        tuple(seqs),
+        hq,
+        hkv,
+        head_dim,
+        slow_peers=True,
+        **variant,
+    )
 
 
 def prefill_case(batch: int, length: int, head_dim: int = 128, heads=(32, 8), **variant) -> Case:
     """A causal prefill batch; the plain D=128 rows also run the slow peers."""
     hq, hkv = heads
     tag = _variant_tag(**variant)
-    return Case(f"prefill_B{batch}_len{_k(length)}_h{hq}-{hkv}_d{head_dim}{tag}_p16", "prefill",
-                ((length, length),) * batch, hq, hkv, head_dim=head_dim,
-                slow_peers=head_dim == 128 and not tag, **variant)  # fmt: skip
+    return Case(
+        f"prefill_B{batch}_len{_k(length)}_h{hq}-{hkv}_d{head_dim}{tag}_p16",
+        "prefill",
+        ((length, length),) * batch,
+        hq,
+        hkv,
+        head_dim=head_dim,
+        slow_peers=head_dim == 128 and not tag,
+        **variant,
+    )
 
 
 def host_cost_case() -> Case:
@@ -226,18 +264,29 @@ def fp8_cases() -> list[Case]:
     """The fp8 cache on the rows of its targets: the decode anchor, causal prefill B8 x 2k and
     B1 x 8k at D 128, the mixed batch, then the prefill rows at D 64 and 256. Each has a bf16-cache
     twin in the grid (the same name without "_fp8") for its verdict."""
-    prefill = [prefill_case(batch, length, head_dim, kv_dtype=FP8) for head_dim in (64, 256)
-               for batch, length in ((8, 2048), (1, 8192))]  # fmt: skip
-    return [decode_case(32, 4096, (32, 8), kv_dtype=FP8), prefill_case(8, 2048, kv_dtype=FP8),
-            prefill_case(1, 8192, kv_dtype=FP8), mixed_case(kv_dtype=FP8), *prefill]  # fmt: skip
+    prefill = [
+        prefill_case(batch, length, head_dim, kv_dtype=FP8)
+        for head_dim in (64, 256)
+        for batch, length in ((8, 2048), (1, 8192))
+    ]
+    return [
+        decode_case(32, 4096, (32, 8), kv_dtype=FP8),
+        prefill_case(8, 2048, kv_dtype=FP8),
+        prefill_case(1, 8192, kv_dtype=FP8),
+        mixed_case(kv_dtype=FP8),
+        *prefill,
+    ]
 
 
 def gpt_oss_cases(window: int | None) -> list[Case]:
     """gpt-oss's attention (Hq 64 / Hkv 8, D 64, sinks), one layer kind: decode B32 x 4k, causal
     prefill B8 x 2k and the mixed batch."""
     shape = {"head_dim": 64, "sinks": True, "sliding_window": window}
-    return [decode_case(32, 4096, (64, 8), **shape), prefill_case(8, 2048, heads=(64, 8), **shape),
-            mixed_case((64, 8), **shape)]  # fmt: skip
+    return [
+        decode_case(32, 4096, (64, 8), **shape),
+        prefill_case(8, 2048, heads=(64, 8), **shape),
+        mixed_case((64, 8), **shape),
+    ]
 
 
 def all_cases(quick: bool) -> list[Case]:
@@ -259,10 +308,19 @@ def all_cases(quick: bool) -> list[Case]:
     ]
     fp8, sliding, full = fp8_cases(), gpt_oss_cases(GPT_OSS_WINDOW), gpt_oss_cases(None)
     quick_variants = [fp8[0], sliding[0]]  # decode: the fp8 anchor, gpt-oss's sliding layer
-    prefill = [prefill_case(batch, length, head_dim) for head_dim in (128, 64, 256)
-               for batch, length in ((1, 8192), (8, 2048))]  # fmt: skip
-    cases = [*key_decode, *quick_variants, mixed_case(), *overhead_cases(), host_cost_case(),
-             *prefill]  # fmt: skip
+    prefill = [
+        prefill_case(batch, length, head_dim)
+        for head_dim in (128, 64, 256)
+        for batch, length in ((1, 8192), (8, 2048))
+    ]
+    cases = [
+        *key_decode,
+        *quick_variants,
+        mixed_case(),
+        *overhead_cases(),
+        host_cost_case(),
+        *prefill,
+    ]
     if not quick:
         cases += [c for c in (*fp8, *sliding, *full) if c not in quick_variants]
         names = {c.name for c in cases}
@@ -277,12 +335,36 @@ def all_cases(quick: bool) -> list[Case]:
 
 def smoke_cases() -> list[Case]:
     """Tiny shapes for the CPU smoke run: every kind and variant, so every harness code path runs."""
-    decode = Case("smoke_decode_B4_ctx100_h4-2_d64_p16", "decode", ((1, 100),) * 4, 4, 2, 64, 16,
-                  slow_peers=True)  # fmt: skip
-    mixed = Case("smoke_mixed_h4-2_d64_p16", "mixed", ((17, 17), (1, 50), (1, 90), (5, 5)), 4, 2,
-                 64, 16, slow_peers=True)  # fmt: skip
-    prefill = Case("smoke_prefill_B2_len32_h4-2_d64_p16", "prefill", ((32, 32),) * 2, 4, 2, 64, 16,
-                   slow_peers=True)  # fmt: skip
+    decode = Case(
+        "smoke_decode_B4_ctx100_h4-2_d64_p16",
+        "decode",
+        ((1, 100),) * 4,
+        4,
+        2,
+        64,
+        16,
+        slow_peers=True,
+    )
+    mixed = Case(
+        "smoke_mixed_h4-2_d64_p16",
+        "mixed",
+        ((17, 17), (1, 50), (1, 90), (5, 5)),
+        4,
+        2,
+        64,
+        16,
+        slow_peers=True,
+    )
+    prefill = Case(
+        "smoke_prefill_B2_len32_h4-2_d64_p16",
+        "prefill",
+        ((32, 32),) * 2,
+        4,
+        2,
+        64,
+        16,
+        slow_peers=True,
+    )
     return [
         decode,
         mixed,
@@ -340,10 +422,18 @@ def build_inputs(case: Case, device, seed: int, metadata=None) -> dict:
     if metadata is None:
         metadata = _build_metadata(case, num_pages, seed)
         metadata = {k: v.to(device) for k, v in metadata.items()}
-    query = torch.randn((case.num_tokens, case.num_q_heads, case.head_dim), generator=gen,
-                        device=device, dtype=dtype)  # fmt: skip
-    kv_cache = torch.randn((num_pages, case.page_size, 2 * case.num_kv_heads, case.head_dim),
-                           generator=gen, device=device, dtype=dtype)  # fmt: skip
+    query = torch.randn(
+        (case.num_tokens, case.num_q_heads, case.head_dim),
+        generator=gen,
+        device=device,
+        dtype=dtype,
+    )
+    kv_cache = torch.randn(
+        (num_pages, case.page_size, 2 * case.num_kv_heads, case.head_dim),
+        generator=gen,
+        device=device,
+        dtype=dtype,
+    )
     if case.kv_fp8:
         kv_cache = quantise_kv(kv_cache)
     return {"query": query, "kv_cache": kv_cache, **metadata}
@@ -381,8 +471,9 @@ def _build_metadata(case: Case, num_pages: int, seed: int) -> dict:
 
     gen = torch.Generator().manual_seed(seed)
     physical = torch.randperm(num_pages, generator=gen).to(torch.int32)
-    block_tables = torch.randint(0, num_pages, (case.batch, case.pages_per_seq), generator=gen,
-                                 dtype=torch.int32)  # fmt: skip
+    block_tables = torch.randint(
+        0, num_pages, (case.batch, case.pages_per_seq), generator=gen, dtype=torch.int32
+    )
     next_page = 0
     for i, (_, ctx) in enumerate(case.seqs):
         n = -(-ctx // case.page_size)

@@ -32,39 +32,72 @@ def _run(argv: list[str]) -> int:
     from xla_gpu_ops._platform import prefer_cpu_without_gpu
 
     prefer_cpu_without_gpu()  # on a CPU machine JAX starts on the CPU, without the CUDA plugin's ERROR
-    parser = argparse.ArgumentParser(prog="python -m benchmarks run",
-                                     description=run.__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks run", description=run.__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="reduced grid (keeps the anchor)")
     parser.add_argument("--cases", nargs="*", default=(), help="run cases whose name contains any")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     parser.add_argument("--cpu", action="store_true", help="force the CPU smoke run")
     parser.add_argument("--samples", type=int, default=None, help="timing samples per measurement")
-    parser.add_argument("--budget-gb", type=float, default=run.DEFAULT_BUDGET_GB,
-                        help="max KV cache bytes per case (x2 counted for peer layouts)")  # fmt: skip
+    parser.add_argument(
+        "--budget-gb",
+        type=float,
+        default=run.DEFAULT_BUDGET_GB,
+        help="max KV cache bytes per case (x2 counted for peer layouts)",
+    )
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="seconds after which the remaining cases are skipped (recorded)")  # fmt: skip
-    parser.add_argument("--skip-impls", nargs="*", default=(), metavar="IMPL",
-                        help="implementations to leave out, e.g. flashinfer_decode")  # fmt: skip
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="results.json to compare with (default: the committed record)")  # fmt: skip
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds after which the remaining cases are skipped (recorded)",
+    )
+    parser.add_argument(
+        "--skip-impls",
+        nargs="*",
+        default=(),
+        metavar="IMPL",
+        help="implementations to leave out, e.g. flashinfer_decode",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="results.json to compare with (default: the committed record)",
+    )
     isolation = parser.add_mutually_exclusive_group()
-    isolation.add_argument("--isolate", dest="isolate", action="store_true", default=None,
-                           help="worker processes (default on a GPU)")  # fmt: skip
-    isolation.add_argument("--no-isolate", dest="isolate", action="store_false",
-                           help="everything in this process")  # fmt: skip
+    isolation.add_argument(
+        "--isolate",
+        dest="isolate",
+        action="store_true",
+        default=None,
+        help="worker processes (default on a GPU)",
+    )
+    isolation.add_argument(
+        "--no-isolate", dest="isolate", action="store_false", help="everything in this process"
+    )
     args = parser.parse_args(argv)
-    run.run_benchmark(args.out, quick=args.quick, patterns=tuple(args.cases), force_cpu=args.cpu,
-                      samples=args.samples, budget_gb=args.budget_gb,
-                      show_progress=not args.no_progress, time_limit_s=args.time_limit,
-                      isolate=args.isolate, skip_impls=tuple(args.skip_impls),
-                      baseline=args.baseline)  # fmt: skip
+    run.run_benchmark(
+        args.out,
+        quick=args.quick,
+        patterns=tuple(args.cases),
+        force_cpu=args.cpu,
+        samples=args.samples,
+        budget_gb=args.budget_gb,
+        show_progress=not args.no_progress,
+        time_limit_s=args.time_limit,
+        isolate=args.isolate,
+        skip_impls=tuple(args.skip_impls),
+        baseline=args.baseline,
+    )
     return 0
 
 
 def _report(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks report",
-                                     description="print the table of a run or a record")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks report", description="print the table of a run or a record"
+    )
     parser.add_argument(
         "results", type=Path, help="a run's or a record's folder, or its results.json"
     )
@@ -75,13 +108,23 @@ def _report(argv: list[str]) -> int:
 
 
 def _publish(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks publish",
-                                     description=record.__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks publish", description=record.__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", type=Path, help="the folder of a GPU run")
-    parser.add_argument("--fill-skipped", type=Path, default=None, metavar="RUN_DIR2",
-                        help="a run of the same commit with the cases RUN_DIR skipped at its time limit")  # fmt: skip
-    parser.add_argument("--results-dir", type=Path, default=record.RESULTS_DIR,
-                        help="where the records are (default: benchmarks/results)")  # fmt: skip
+    parser.add_argument(
+        "--fill-skipped",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR2",
+        help="a run of the same commit with the cases RUN_DIR skipped at its time limit",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=record.RESULTS_DIR,
+        help="where the records are (default: benchmarks/results)",
+    )
     args = parser.parse_args(argv)
     dest = record.publish(args.run_dir, args.results_dir, fill_dir=args.fill_skipped)
     print(f"record written to {dest}; {args.results_dir / 'RESULTS.md'} made again")
@@ -89,17 +132,26 @@ def _publish(argv: list[str]) -> int:
 
 
 def _flashinfer(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks flashinfer",
-                                     description=flashinfer_peer.__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks flashinfer", description=flashinfer_peer.__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="print whether FlashInfer imports, and its version")
     build = sub.add_parser("prebuild", help="build the modules of the benchmark's cases")
     build.add_argument("--quick", action="store_true", help="the cases of --quick")
     build.add_argument("--cases", nargs="*", default=(), help="case name substrings")
-    build.add_argument("--skip-impls", nargs="*", default=(), metavar="IMPL",
-                       help="FlashInfer peers the run leaves out, e.g. flashinfer_xqa")  # fmt: skip
-    build.add_argument("--cached-only", action="store_true",
-                       help="build nothing: place what a stopped build linked, load what is there")  # fmt: skip
+    build.add_argument(
+        "--skip-impls",
+        nargs="*",
+        default=(),
+        metavar="IMPL",
+        help="FlashInfer peers the run leaves out, e.g. flashinfer_xqa",
+    )
+    build.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="build nothing: place what a stopped build linked, load what is there",
+    )
     export = sub.add_parser("export-cache", help="pack the built modules into FILE")
     export.add_argument("file", type=Path)
     load = sub.add_parser("import-cache", help="unpack FILE (or FILE.part0, ...) for FlashInfer")
@@ -118,11 +170,14 @@ def _flashinfer(argv: list[str]) -> int:
         # a run that stops the prebuild asks for every thread's stack first (run.stream_process)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         cases = select_cases(all_cases(args.quick), args.cases)
-        result = flashinfer_peer.prebuild(flashinfer_peer.modules_needed(cases, args.skip_impls),
-                                          build=not args.cached_only)  # fmt: skip
-        print(f"FlashInfer modules ready: {result.get('ready', 0)} of {result['modules']}, "
-              f"{result.get('built', 0)} of them built, in {result['seconds']:.0f} s",
-              flush=True)  # fmt: skip
+        result = flashinfer_peer.prebuild(
+            flashinfer_peer.modules_needed(cases, args.skip_impls), build=not args.cached_only
+        )
+        print(
+            f"FlashInfer modules ready: {result.get('ready', 0)} of {result['modules']}, "
+            f"{result.get('built', 0)} of them built, in {result['seconds']:.0f} s",
+            flush=True,
+        )
         return 1 if result["errors"] else 0
     if args.command == "export-cache":
         files = flashinfer_peer.export_cache(args.file)
@@ -154,8 +209,11 @@ HIDDEN = {"worker": _worker}
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: python -m benchmarks [COMMAND] [ARGS]  (COMMAND -h for its options)", "",
-             "commands:"]  # fmt: skip
+    lines = [
+        "usage: python -m benchmarks [COMMAND] [ARGS]  (COMMAND -h for its options)",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:{width}}  {text}" for name, (text, _) in COMMANDS.items()]
     lines += ["", "Without a command (or with options only): run. How to: benchmarks/README.md."]
     return "\n".join(lines)

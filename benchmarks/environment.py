@@ -32,11 +32,29 @@ def git_commit() -> str:
     if not (ROOT / ".git").exists():
         return "unknown (no .git; set XLA_GPU_OPS_GIT_COMMIT)"
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True)  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "kernels",
-                                "xla_gpu_ops", "benchmarks"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "status",
+                "--porcelain",
+                "--",
+                "kernels",
+                "xla_gpu_ops",
+                "benchmarks",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return out.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -67,8 +85,9 @@ def library_info() -> dict | None:
     except Exception as error:  # a CPU-only box still loads it; say why if not
         info["abi_version"] = f"not loadable: {error}"
     try:
-        listing = subprocess.run(["cuobjdump", "--list-elf", str(path)], capture_output=True,
-                                 text=True, timeout=30).stdout  # fmt: skip
+        listing = subprocess.run(
+            ["cuobjdump", "--list-elf", str(path)], capture_output=True, text=True, timeout=30
+        ).stdout
         archs = sorted(set(re.findall(r"sm_\d+[a-z]?", listing)))
         if archs:
             info["cuda_archs"] = archs
@@ -116,11 +135,20 @@ def collect_env(on_gpu: bool) -> dict:
             "l2_bytes": getattr(props, "L2_cache_size", None),
         }
         try:
-            fields = ("driver_version", "clocks.max.sm", "clocks.max.mem", "power.limit",
-                      "persistence_mode", "compute_mode")  # fmt: skip
-            smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
-                                  "--format=csv,noheader"], capture_output=True, text=True,
-                                 timeout=20).stdout.strip()  # fmt: skip
+            fields = (
+                "driver_version",
+                "clocks.max.sm",
+                "clocks.max.mem",
+                "power.limit",
+                "persistence_mode",
+                "compute_mode",
+            )
+            smi = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
             # max clocks, not current ones: at query time the GPU idles (345 MHz read as if
             # it were the clock the run used)
             values = [v.strip() for v in smi.splitlines()[0].split(",")] if smi else []

@@ -97,9 +97,12 @@ def _plan_options(case) -> dict:
     """The keywords both wrappers' plan() take: dtypes, softmax scale, window."""
     import torch
 
-    return {"q_data_type": getattr(torch, case.dtype),
-            "kv_data_type": getattr(torch, case.cache_dtype), "sm_scale": scale_of(case),
-            "window_left": window_left(case)}  # fmt: skip
+    return {
+        "q_data_type": getattr(torch, case.dtype),
+        "kv_data_type": getattr(torch, case.cache_dtype),
+        "sm_scale": scale_of(case),
+        "window_left": window_left(case),
+    }
 
 
 def xqa_unsupported(case) -> str | None:
@@ -174,15 +177,27 @@ def prepare_decode(env, case, copies):
     indptr, indices, last_page_len = page_metadata(case, copies[0])
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=env.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
-    wrapper.plan(indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, **_plan_options(case))  # fmt: skip
+    wrapper.plan(
+        indptr,
+        indices,
+        last_page_len,
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        case.page_size,
+        **_plan_options(case),
+    )
     scales = kv_scales(case)
 
     def run_one(q, kv, out):
         return wrapper.run(q, kv, out=out, **scales)
 
-    return _runner(case, copies, run_one, "tensor cores; plan() on the host, untimed; "
-                                          "K/V strided views of our cache")  # fmt: skip
+    return _runner(
+        case,
+        copies,
+        run_one,
+        "tensor cores; plan() on the host, untimed; K/V strided views of our cache",
+    )
 
 
 def prepare_prefill(env, case, copies):
@@ -208,22 +223,43 @@ def _prefill_runner(env, case, copies, backend: str):
         # Its module is named by dtype, window and backend only (attention/_core.py): one head_dim
         # per run's JIT cache. The variant reads its own softmax scale: k_scale goes into it.
         wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
-            workspace, "NHD", backend=backend, q_data_type=plan["q_data_type"],
-            kv_data_type=plan["kv_data_type"], head_dim_qk=case.head_dim,
-            head_dim_vo=case.head_dim, window_left=plan["window_left"])  # fmt: skip
+            workspace,
+            "NHD",
+            backend=backend,
+            q_data_type=plan["q_data_type"],
+            kv_data_type=plan["kv_data_type"],
+            head_dim_qk=case.head_dim,
+            head_dim_vo=case.head_dim,
+            window_left=plan["window_left"],
+        )
         variant_args = (copies[0]["sinks"], plan["sm_scale"] * scales.get("k_scale", 1.0))
     else:
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
         variant_args = ()
-    wrapper.plan(qo_indptr, indptr, indices, last_page_len, case.num_q_heads, case.num_kv_heads,
-                 case.head_dim, case.page_size, causal=True, **plan)  # fmt: skip
+    wrapper.plan(
+        qo_indptr,
+        indptr,
+        indices,
+        last_page_len,
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        case.page_size,
+        causal=True,
+        **plan,
+    )
 
     def run_one(q, kv, out):
         return wrapper.run(q, kv, *variant_args, out=out, **scales)
 
     variant = ", sink variant" if case.sinks else ""
-    return _runner(case, copies, run_one, f"backend {backend}{variant}, causal; plan() on the "
-                                          "host, untimed; K/V strided views of our cache")  # fmt: skip
+    return _runner(
+        case,
+        copies,
+        run_one,
+        f"backend {backend}{variant}, causal; plan() on the "
+        "host, untimed; K/V strided views of our cache",
+    )
 
 
 def prepare_xqa(env, case, copies):
@@ -243,15 +279,26 @@ def prepare_xqa(env, case, copies):
     scales = kv_scales(case)
     # XQA folds the scales into two (csrc/xqa/mha*.cu): logits = q.k x bmm1_scale, and on an fp8
     # cache out = p.v x bmm2_scale (a 16-bit cache ignores bmm2_scale)
-    options = {"bmm1_scale": scale_of(case) * scales.get("k_scale", 1.0),
-               "bmm2_scale": scales.get("v_scale", 1.0), "window_left": window_left(case),
-               "sinks": shared.get("sinks")}  # fmt: skip
+    options = {
+        "bmm1_scale": scale_of(case) * scales.get("k_scale", 1.0),
+        "bmm2_scale": scales.get("v_scale", 1.0),
+        "window_left": window_left(case),
+        "sinks": shared.get("sinks"),
+    }
     longest = max(ctx for _, ctx in case.seqs)
 
     def run_one(q, kv, out):
         return flashinfer.decode.xqa_batch_decode_with_kv_cache(
-            q, kv, workspace, shared["block_tables"], shared["context_lens"], longest, out=out,
-            kv_layout="NHD", **options)  # fmt: skip
+            q,
+            kv,
+            workspace,
+            shared["block_tables"],
+            shared["context_lens"],
+            longest,
+            out=out,
+            kv_layout="NHD",
+            **options,
+        )
 
     return _runner(case, copies, run_one, "XQA, no host plan; K/V strided views of our cache")
 
@@ -280,8 +327,14 @@ def module_key(impl: str, case) -> tuple | None:
     case = as_run(impl, case)
     if case.kind not in kinds or (impl == "flashinfer_xqa" and xqa_unsupported(case)):
         return None
-    key = (impl, case.dtype, case.cache_dtype, case.head_dim, case.sinks,
-           case.sliding_window is not None)  # fmt: skip
+    key = (
+        impl,
+        case.dtype,
+        case.cache_dtype,
+        case.head_dim,
+        case.sinks,
+        case.sliding_window is not None,
+    )
     if impl == "flashinfer_xqa":  # compiled into XQA's kernel too
         key += (case.page_size, case.num_q_heads // case.num_kv_heads)
     return key
@@ -297,8 +350,9 @@ def modules_needed(cases, skip_impls=()) -> list[tuple]:
             if key is not None and impl not in skip_impls:
                 case = as_run(impl, case)
                 q_len = 1 if case.kind == "decode" else case.page_size
-                small = dataclasses.replace(case, name=f"one page of {case.name}",
-                                            seqs=((q_len, case.page_size),))  # fmt: skip
+                small = dataclasses.replace(
+                    case, name=f"one page of {case.name}", seqs=((q_len, case.page_size),)
+                )
                 needed.setdefault(key, (impl, small))
     return [needed[key] for key in sorted(needed)]
 
@@ -332,10 +386,15 @@ def prebuild(modules: list[tuple], build: bool = True) -> dict:
     start = time.time()
     if not build:
         placed = place_linked()
-        _say(f"FlashInfer: {len(placed)} modules a stopped build linked, now ready to load"
-             + (f": {', '.join(placed)}" if placed else ""))  # fmt: skip
-    print(f"FlashInfer: {len(modules)} modules: "
-          + ", ".join(f"{impl} for {case.name}" for impl, case in modules), flush=True)  # fmt: skip
+        _say(
+            f"FlashInfer: {len(placed)} modules a stopped build linked, now ready to load"
+            + (f": {', '.join(placed)}" if placed else "")
+        )
+    print(
+        f"FlashInfer: {len(modules)} modules: "
+        + ", ".join(f"{impl} for {case.name}" for impl, case in modules),
+        flush=True,
+    )
     builds = {}  # name -> FlashInfer's JitSpec of a missing module
 
     def load(module, cached_only: bool = False) -> str | None:
@@ -380,8 +439,13 @@ def prebuild(modules: list[tuple], build: bool = True) -> dict:
     missing, errors = split(modules, load_cached(modules))
     build_errors = []
     if missing and not build:
-        return {"modules": len(modules), "ready": len(modules) - len(errors) - len(missing),
-                "built": 0, "seconds": time.time() - start, "errors": errors}  # fmt: skip
+        return {
+            "modules": len(modules),
+            "ready": len(modules) - len(errors) - len(missing),
+            "built": 0,
+            "seconds": time.time() - start,
+            "errors": errors,
+        }
     if missing:
         os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
         left = missing
@@ -393,9 +457,14 @@ def prebuild(modules: list[tuple], build: bool = True) -> dict:
             os.environ["MAX_JOBS"] = str(min(jobs, int(os.environ["MAX_JOBS"])))
         with ThreadPoolExecutor(max_workers=max(1, len(left))) as pool:
             build_errors += [e for e in pool.map(load, left) if e]
-    return {"modules": len(modules), "ready": len(modules) - len(errors) - len(build_errors),
-            "built": len(missing) - len(build_errors), "seconds": time.time() - start,
-            "errors": errors + build_errors, "max_jobs": os.environ.get("MAX_JOBS")}  # fmt: skip
+    return {
+        "modules": len(modules),
+        "ready": len(modules) - len(errors) - len(build_errors),
+        "built": len(missing) - len(build_errors),
+        "seconds": time.time() - start,
+        "errors": errors + build_errors,
+        "max_jobs": os.environ.get("MAX_JOBS"),
+    }
 
 
 def _build_together(specs: list) -> list[str]:
@@ -413,8 +482,10 @@ def _build_together(specs: list) -> list[str]:
     placed = [spec.name for spec in specs if place(spec)]  # built before, by a run of its own
     todo = [spec for spec in specs if spec.name not in placed]
     names = ", ".join(spec.name for spec in todo)
-    _say(f"FlashInfer: building {len(todo)} modules in one ninja run "
-         f"(-j {os.environ['MAX_JOBS']}): {names}")  # fmt: skip
+    _say(
+        f"FlashInfer: building {len(todo)} modules in one ninja run "
+        f"(-j {os.environ['MAX_JOBS']}): {names}"
+    )
     started = time.time()
     try:
         if todo:
@@ -450,16 +521,22 @@ def place_linked() -> list[str]:
     """Put each module the JIT directory holds linked but the AOT directory lacks (a shared build
     stopped part way) where FlashInfer loads prebuilt modules; returns their names."""
     jit_dir, aot_dir = _dirs()
-    return [name for name, so in _module_files(jit_dir, linked_only=True)
-            if not (aot_dir / name / so.name).exists() and _place(so, name, aot_dir)]  # fmt: skip
+    return [
+        name
+        for name, so in _module_files(jit_dir, linked_only=True)
+        if not (aot_dir / name / so.name).exists() and _place(so, name, aot_dir)
+    ]
 
 
 def _module_files(root: Path, linked_only: bool) -> list[tuple[str, Path]]:
     """(name, .so) of each module below root (<name>/<name>.so); linked_only: those a ninja log
     says were linked whole (a JIT directory's)."""
     files = sorted(root.glob("*/*.so")) if root.is_dir() else []
-    return [(so.parent.name, so) for so in files
-            if MODULE_FILE.match(f"{so.parent.name}/{so.name}") and (not linked_only or _linked(so))]  # fmt: skip
+    return [
+        (so.parent.name, so)
+        for so in files
+        if MODULE_FILE.match(f"{so.parent.name}/{so.name}") and (not linked_only or _linked(so))
+    ]
 
 
 def _say(line: str) -> None:
@@ -546,8 +623,10 @@ def import_cache(src: Path) -> str:
     with tarfile.open(fileobj=io.BytesIO(_read_parts(src)), mode="r:xz") as tar:
         manifest = json.loads(tar.extractfile("MANIFEST.json").read())
         if manifest.get("flashinfer") != version():
-            return (f"skipped: the cache holds FlashInfer {manifest.get('flashinfer')} modules, "
-                    f"{version()} is installed")  # fmt: skip
+            return (
+                f"skipped: the cache holds FlashInfer {manifest.get('flashinfer')} modules, "
+                f"{version()} is installed"
+            )
         if manifest.get("cuda_arch") != _cuda_arch():
             return f"skipped: the cache was built for {manifest.get('cuda_arch')}, this GPU is {_cuda_arch()}"
         members = [m for m in tar.getmembers() if m.isfile() and MODULE_FILE.match(m.name)]

@@ -73,12 +73,16 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
     rows: dict[str, dict] = {}
     outputs = {}
     wide = SHORT_NAMES[case.dtype]  # the 16-bit cache's rows: ours_bf16 / ours_f16, ...
-    for name, calls in ((f"ours_{wide}", ours_calls(wide_copies, {})),
-                        ("ours_fp8", ours_calls(fp8_copies, kv_scales(fp8_case)))):  # fmt: skip
+    for name, calls in (
+        (f"ours_{wide}", ours_calls(wide_copies, {})),
+        ("ours_fp8", ours_calls(fp8_copies, kv_scales(fp8_case))),
+    ):
         outputs[name] = calls[0]().float()
         rows[name] = {"median_us": time_torch(calls, samples=samples).median_us}
-    for name, peer_case, copies in ((f"flashinfer_{wide}", case, wide_copies),
-                                    ("flashinfer_fp8", fp8_case, fp8_copies)):  # fmt: skip
+    for name, peer_case, copies in (
+        (f"flashinfer_{wide}", case, wide_copies),
+        ("flashinfer_fp8", fp8_case, fp8_copies),
+    ):
         reason = flashinfer_peer.unavailable()
         if reason is not None:
             rows[name] = {"skipped": reason}
@@ -113,28 +117,49 @@ def run_case(case: Case, read_gbps: float, samples: int) -> dict:
     }
     del fp8_copies, wide_copies, outputs
     torch.cuda.empty_cache()
-    return {"case": case.name, "dtype": case.dtype, "rows": rows, "fp8_speedup": speedup,
-            "floors_us": floors, "checks_rel_l2": checks, "verdicts": verdicts}  # fmt: skip
+    return {
+        "case": case.name,
+        "dtype": case.dtype,
+        "rows": rows,
+        "fp8_speedup": speedup,
+        "floors_us": floors,
+        "checks_rel_l2": checks,
+        "verdicts": verdicts,
+    }
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks fp8-decode",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks fp8-decode", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--dtype", choices=list(SHORT_NAMES), default="bfloat16",
-                        help="the queries' dtype, and the 16-bit cache's")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        choices=list(SHORT_NAMES),
+        default="bfloat16",
+        help="the queries' dtype, and the 16-bit cache's",
+    )
     args = parser.parse_args(argv)
     environment.prepare_process(True)
     env = environment.collect_env(True)
     ceilings = measure_ceilings(True, args.samples)
     wide = SHORT_NAMES[args.dtype]
-    results = {"env": env, "dtype": args.dtype, "read_gbps": ceilings["read_gbps"], "k_scale": K_SCALE,
-               "v_scale": V_SCALE, "flashinfer": flashinfer_peer.version(), "cases": []}  # fmt: skip
+    results = {
+        "env": env,
+        "dtype": args.dtype,
+        "read_gbps": ceilings["read_gbps"],
+        "k_scale": K_SCALE,
+        "v_scale": V_SCALE,
+        "flashinfer": flashinfer_peer.version(),
+        "cases": [],
+    }
     print(f"read {ceilings['read_gbps']:.0f} GB/s; FlashInfer {results['flashinfer']}")
-    print(f"| case | ours {wide} µs | ours fp8 µs | fp8 / {wide} speed-up | fp8 floor frac | "
-          f"FlashInfer {wide} µs | FlashInfer fp8 µs | rel L2 vs {wide} / FI | verdicts |")  # fmt: skip
+    print(
+        f"| case | ours {wide} µs | ours fp8 µs | fp8 / {wide} speed-up | fp8 floor frac | "
+        f"FlashInfer {wide} µs | FlashInfer fp8 µs | rel L2 vs {wide} / FI | verdicts |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for name in args.cases:
         case = dataclasses.replace(CASES[name], dtype=args.dtype)
@@ -147,10 +172,12 @@ def main(argv=None) -> int:
 
         checks = " / ".join(f"{v:.1e}" for v in r["checks_rel_l2"].values())
         verdicts = "; ".join(f"{k} {v}" for k, v in r["verdicts"].items())
-        print(f"| {name} | {us(rows[f'ours_{wide}'])} | {us(rows['ours_fp8'])} | "
-              f"{r['fp8_speedup']:.2f} | {rows['ours_fp8']['floor_fraction']:.2f} | "
-              f"{us(rows[f'flashinfer_{wide}'])} | {us(rows['flashinfer_fp8'])} | {checks} | "
-              f"{verdicts} |")  # fmt: skip
+        print(
+            f"| {name} | {us(rows[f'ours_{wide}'])} | {us(rows['ours_fp8'])} | "
+            f"{r['fp8_speedup']:.2f} | {rows['ours_fp8']['floor_fraction']:.2f} | "
+            f"{us(rows[f'flashinfer_{wide}'])} | {us(rows['flashinfer_fp8'])} | {checks} | "
+            f"{verdicts} |"
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = "" if args.dtype == "bfloat16" else f"-{args.dtype}"
         (args.out / f"fp8_decode{suffix}.json").write_text(

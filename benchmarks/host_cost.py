@@ -59,7 +59,8 @@ def _makers(env, case, inputs: dict) -> dict:
 
     def flashinfer():
         runner = flashinfer_peer.prepare_decode(
-            env, flashinfer_peer.as_run(flashinfer_peer.HOST_COST_PEER, case), [inputs])  # fmt: skip
+            env, flashinfer_peer.as_run(flashinfer_peer.HOST_COST_PEER, case), [inputs]
+        )
         return runner.calls[0]
 
     return {
@@ -71,8 +72,15 @@ def _makers(env, case, inputs: dict) -> dict:
     }
 
 
-def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | None = None,
-                      skip_impls: Mapping[str, str] | None = None) -> dict:  # fmt: skip
+def measure_host_cost(
+    env,
+    case,
+    *,
+    samples: int,
+    on_impl=None,
+    skips: dict | None = None,
+    skip_impls: Mapping[str, str] | None = None,
+) -> dict:
     """{row: entry} with median / p10 / p90 µs of host time per call; never raises for a row."""
     inputs = build_inputs(case, env.device, seed=4242)
     makers = _makers(env, case, inputs)
@@ -100,9 +108,14 @@ def measure_host_cost(env, case, *, samples: int, on_impl=None, skips: dict | No
                 entry["rel_l2_err"] = rel_l2(out, expected)
                 entry["check"] = "ok" if entry["rel_l2_err"] <= 2e-2 else "MISMATCH"
             timing = time_host_per_call(call, samples=samples)
-            entry.update(status="ok", median_us=timing.median_us, p10_us=timing.quantile(0.1),
-                         p90_us=timing.quantile(0.9), samples=len(timing.samples_us),
-                         method=timing.method)  # fmt: skip
+            entry.update(
+                status="ok",
+                median_us=timing.median_us,
+                p10_us=timing.quantile(0.1),
+                p90_us=timing.quantile(0.9),
+                samples=len(timing.samples_us),
+                method=timing.method,
+            )
         except Exception as error:
             entry.update(status="failed", reason=error_text(error, 300))
     return impls

@@ -85,19 +85,53 @@ FP8 = "float8_e4m3fn"
 GPU_CASES = (
     Case("decode_B32_ctx4k_h32-8_d128_p16", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16"),
     Case("mixed_4prefill_60decode_h32-8_d128_p16", mixed_seqs(), 32, 8, 128, 16, "bfloat16"),
-    Case("decode_B32_ctx4k_h32-8_d128_p16-sinks", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16",
-         sinks=True),
-    Case("decode_B32_ctx4k_h32-8_d128_p16-fp8", ((1, 4096),) * 32, 32, 8, 128, 16, "bfloat16",
-         kv_dtype=FP8),
-    Case("mixed_4prefill_60decode_h32-8_d128_p16-fp8-sinks", mixed_seqs(), 32, 8, 128, 16,
-         "bfloat16", sinks=True, kv_dtype=FP8),
-)  # fmt: skip
+    Case(
+        "decode_B32_ctx4k_h32-8_d128_p16-sinks",
+        ((1, 4096),) * 32,
+        32,
+        8,
+        128,
+        16,
+        "bfloat16",
+        sinks=True,
+    ),
+    Case(
+        "decode_B32_ctx4k_h32-8_d128_p16-fp8",
+        ((1, 4096),) * 32,
+        32,
+        8,
+        128,
+        16,
+        "bfloat16",
+        kv_dtype=FP8,
+    ),
+    Case(
+        "mixed_4prefill_60decode_h32-8_d128_p16-fp8-sinks",
+        mixed_seqs(),
+        32,
+        8,
+        128,
+        16,
+        "bfloat16",
+        sinks=True,
+        kv_dtype=FP8,
+    ),
+)
 SMOKE_CASES = (
     Case("smoke_decode_B4_ctx64_h4-2_d64_p16", ((1, 64),) * 4, 4, 2, 64, 16, "float32"),
     Case("smoke_mixed_h4-2_d64_p16", mixed_seqs(scale=1 / 64)[:12], 4, 2, 64, 16, "float32"),
-    Case("smoke_mixed_h4-2_d64_p16-fp8-sinks", mixed_seqs(scale=1 / 64)[:12], 4, 2, 64, 16,
-         "float32", sinks=True, kv_dtype=FP8),
-)  # fmt: skip
+    Case(
+        "smoke_mixed_h4-2_d64_p16-fp8-sinks",
+        mixed_seqs(scale=1 / 64)[:12],
+        4,
+        2,
+        64,
+        16,
+        "float32",
+        sinks=True,
+        kv_dtype=FP8,
+    ),
+)
 
 
 # ---------------------------------------------------------------------------- environment
@@ -109,8 +143,18 @@ def _run(cmd: list[str], timeout: float = 30) -> str:
         return f"{cmd[0]}: not available ({error})"
 
 
-VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin",
-             "jax-cuda13-pjrt", "numpy", "ml_dtypes", "torch", "torchax")  # fmt: skip
+VERSIONED = (
+    "jax",
+    "jaxlib",
+    "jax-cuda12-plugin",
+    "jax-cuda12-pjrt",
+    "jax-cuda13-plugin",
+    "jax-cuda13-pjrt",
+    "numpy",
+    "ml_dtypes",
+    "torch",
+    "torchax",
+)
 
 
 def collect_env(jax, on_gpu: bool) -> dict:
@@ -136,8 +180,14 @@ def collect_env(jax, on_gpu: bool) -> dict:
         },
     }
     if on_gpu:
-        env["nvidia_smi"] = _run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,"
-                                  "pci.bus_id,clocks.max.sm,clocks.max.mem", "--format=csv"])  # fmt: skip
+        env["nvidia_smi"] = _run(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total,"
+                "pci.bus_id,clocks.max.sm,clocks.max.mem",
+                "--format=csv",
+            ]
+        )
     return env
 
 
@@ -190,11 +240,16 @@ def make_inputs(jax, case: Case, num_devices: int, mesh, seed: int) -> list:
     arrays = []
     for i, name in enumerate(shardings):
         if name in shapes:
-            draw = functools.partial(jax.random.normal, shape=shapes[name],
-                                     dtype=jnp.dtype(case.dtype))  # fmt: skip
+            draw = functools.partial(
+                jax.random.normal, shape=shapes[name], dtype=jnp.dtype(case.dtype)
+            )
             cast = jnp.dtype(dtypes.get(name, case.dtype))
-            arrays.append(jax.jit(lambda k, draw=draw, cast=cast: draw(k).astype(cast),
-                                  out_shardings=shardings[name])(jax.random.fold_in(key, i)))  # fmt: skip
+            arrays.append(
+                jax.jit(
+                    lambda k, draw=draw, cast=cast: draw(k).astype(cast),
+                    out_shardings=shardings[name],
+                )(jax.random.fold_in(key, i))
+            )
         else:
             arrays.append(jax.device_put(meta[name], shardings[name]))
     return arrays
@@ -232,14 +287,13 @@ def compiled_facts(fn, args) -> tuple[dict, str]:
 
     text = fn.lower(*args).compile().as_text()
     facts = {
-        "collectives": [
-            f"{c.opcode} {c.shape}" for c in head_sharding.collectives_in_hlo(text)
-        ],
+        "collectives": [f"{c.opcode} {c.shape}" for c in head_sharding.collectives_in_hlo(text)],
         "custom_call_kv": [
-            c.operand_shapes[1] for c in hlo.custom_calls_in_hlo(text)
+            c.operand_shapes[1]
+            for c in hlo.custom_calls_in_hlo(text)
             if c.target == PAGED_ATTENTION.ffi_target
         ],
-    }  # fmt: skip
+    }
     return facts, text
 
 
@@ -280,8 +334,16 @@ def time_per_call(jax, step, args, calls: int, samples: int) -> dict:
     }
 
 
-def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed: int,
-            write_hlo: Path | None) -> dict:  # fmt: skip
+def run_row(
+    jax,
+    case: Case,
+    num_devices: int,
+    *,
+    calls: int,
+    samples: int,
+    seed: int,
+    write_hlo: Path | None,
+) -> dict:
     import numpy as np
     from jax.sharding import Mesh
 
@@ -327,8 +389,10 @@ def run_row(jax, case: Case, num_devices: int, *, calls: int, samples: int, seed
             if name == "shard_map":
                 row["torchax"] = torchax_check(jax, mesh, attrs, args, out)
         except Exception as error:
-            row[name] = {"error": f"{type(error).__name__}: {error}"[:2000],
-                         "trace": traceback.format_exc()[-3000:]}  # fmt: skip
+            row[name] = {
+                "error": f"{type(error).__name__}: {error}"[:2000],
+                "trace": traceback.format_exc()[-3000:],
+            }
     if num_devices > 1:
         try:
             # fewer samples: N times the work of a row, for reference only
@@ -360,8 +424,9 @@ def torchax_check(jax, mesh, attrs: dict, args, jax_out) -> dict:
 
         with torchax.default_env():
             tensors = [torchax.interop.torch_view(a) for a in args]
-            out = with_sinks(functools.partial(sharding.torchax_paged_attention, mesh=mesh,
-                                               **attrs))(*tensors)  # fmt: skip
+            out = with_sinks(
+                functools.partial(sharding.torchax_paged_attention, mesh=mesh, **attrs)
+            )(*tensors)
             out = out.jax()
         return {**compare(jax, out, jax_out), "out_devices": len(out.sharding.device_set)}
     except Exception as error:
@@ -431,7 +496,7 @@ def table(rows: list[dict], on_gpu: bool) -> str:
         "one device, all heads µs | "
         "head-tokens/s | KV TB/s | scaling | = one device (rel L2) | collectives | torchax | verdict |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for row in rows:
         one = row.get("one_gpu_all_heads", {}).get("timing")
         for variant in ("shard_map", "partitioned"):
@@ -475,8 +540,9 @@ def table(rows: list[dict], on_gpu: bool) -> str:
 
 # ---------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks multi-gpu",
-                                     description=__doc__.split("\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks multi-gpu", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--devices", default=None, help="device counts, e.g. 1,2,4")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; later rows skip")
@@ -494,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     smoke = args.smoke or not on_gpu
     available = len(jax.devices())
     counts = (
-        [int(n) for n in args.devices.split(",")] if args.devices
+        [int(n) for n in args.devices.split(",")]
+        if args.devices
         else [n for n in (1, 2, 4, 8) if n <= available]
-    )  # fmt: skip
+    )
     if any(n > available or n < 1 for n in counts):
         parser.error(f"--devices {args.devices}: this host has {available} devices")
     out = args.out or ROOT / "artifacts" / "multi-gpu" / dt.datetime.now(dt.UTC).strftime(
@@ -514,9 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     env = collect_env(jax, on_gpu)
     topology = _run(["nvidia-smi", "topo", "-m"]) if on_gpu else "no GPU: CPU smoke on host devices"
     (out / "topology.txt").write_text(topology + "\n")
-    log(f"backend {jax.default_backend()}, {available} devices ({env['devices'][0]['kind']}), "
+    log(
+        f"backend {jax.default_backend()}, {available} devices ({env['devices'][0]['kind']}), "
         f"counts {counts}, {'smoke' if smoke else 'full'} run, NCCL_NVLS_ENABLE="
-        f"{os.environ['NCCL_NVLS_ENABLE']}")  # fmt: skip
+        f"{os.environ['NCCL_NVLS_ENABLE']}"
+    )
 
     rows, skipped = [], []
     for case in cases:
@@ -527,17 +596,24 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             hlo_file = out / f"hlo-decode-{n}gpu.txt" if n > 1 and case is cases[0] else None
             try:
-                row = run_row(jax, case, n, calls=calls, samples=samples, seed=args.seed,
-                              write_hlo=hlo_file)  # fmt: skip
+                row = run_row(
+                    jax, case, n, calls=calls, samples=samples, seed=args.seed, write_hlo=hlo_file
+                )
             except Exception as error:
-                row = {"case": case.name, "devices": n,
-                       "error": f"{type(error).__name__}: {error}"[:2000],
-                       "trace": traceback.format_exc()[-3000:]}  # fmt: skip
+                row = {
+                    "case": case.name,
+                    "devices": n,
+                    "error": f"{type(error).__name__}: {error}"[:2000],
+                    "trace": traceback.format_exc()[-3000:],
+                }
             row["dtype"] = case.dtype
             row["seconds"] = round(time.monotonic() - t0, 1)
             rows.append(row)
-            brief = {v: row[v]["timing"]["us"] for v in ("shard_map", "partitioned")
-                     if isinstance(row.get(v), dict) and "timing" in row[v]}  # fmt: skip
+            brief = {
+                v: row[v]["timing"]["us"]
+                for v in ("shard_map", "partitioned")
+                if isinstance(row.get(v), dict) and "timing" in row[v]
+            }
             log(
                 f"{case.name} x{n}: {row['seconds']} s; µs/call "
                 + (

@@ -29,8 +29,11 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"no decode / prefill / mixed case matches {argv}")
     for case in cases:
         inputs = build_inputs(case, "cuda", seed=1)
-        prepare = (flashinfer_peer.prepare_decode if case.kind == "decode"
-                   else flashinfer_peer.prepare_prefill)  # fmt: skip
+        prepare = (
+            flashinfer_peer.prepare_decode
+            if case.kind == "decode"
+            else flashinfer_peer.prepare_prefill
+        )
         impls = {
             "ours": lambda inputs=inputs, case=case: ours.op_paged_attention(
                 **op_operands(inputs), **op_attributes(case)

@@ -46,16 +46,35 @@ def sm90_prefill_available() -> bool:
 
 
 # ------------------------------------------------------------------------------ torch
-def op_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                       *, scale: float, sliding_window=None, k_scale=None, v_scale=None,
-                       sinks=None):  # fmt: skip
+def op_paged_attention(
+    query,
+    kv_cache,
+    context_lens,
+    block_tables,
+    query_start_loc,
+    num_seqs,
+    *,
+    scale: float,
+    sliding_window=None,
+    k_scale=None,
+    v_scale=None,
+    sinks=None,
+):
     """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
 
-    args = [query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-            sliding_window]  # fmt: skip
+    args = [
+        query,
+        kv_cache,
+        context_lens,
+        block_tables,
+        query_start_loc,
+        num_seqs,
+        scale,
+        sliding_window,
+    ]
     if k_scale is not None or v_scale is not None:  # else the call the host-cost row times
         args += [None, k_scale, v_scale]  # soft_cap, k_scale, v_scale
     return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks)
@@ -69,8 +88,9 @@ def op_simple_add(a, b):
     return torch.ops.xla_gpu.simple_add(a, b)
 
 
-def wrapper_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                            num_seqs, *, scale: float):  # fmt: skip
+def wrapper_paged_attention(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, *, scale: float
+):
     """xla_gpu_ops.paged_attention with its default arguments (what a user calls first)."""
     import xla_gpu_ops
 
@@ -79,12 +99,14 @@ def wrapper_paged_attention(query, kv_cache, context_lens, block_tables, query_s
     )
 
 
-def launcher_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                             num_seqs, *, scale: float):  # fmt: skip
+def launcher_paged_attention(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, *, scale: float
+):
     """The CUDA kernel function alone (what torch.library dispatches to), without the dispatcher
     above it."""
-    return _cuda_kernel()(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                          scale)  # fmt: skip
+    return _cuda_kernel()(
+        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale
+    )
 
 
 _KERNELS: dict = {}
@@ -99,15 +121,35 @@ def _cuda_kernel():
 
 
 # ------------------------------------------------------------------------------ JAX, torchax
-def jax_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                        *, scale: float, sliding_window=None, k_scale=None, v_scale=None,
-                        sinks=None) -> Any:  # fmt: skip
+def jax_paged_attention(
+    query,
+    kv_cache,
+    context_lens,
+    block_tables,
+    query_start_loc,
+    num_seqs,
+    *,
+    scale: float,
+    sliding_window=None,
+    k_scale=None,
+    v_scale=None,
+    sinks=None,
+) -> Any:
     from xla_gpu_ops import jax as xgo_jax
 
     return xgo_jax.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=scale,
-        sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, sinks=sinks,
-    )  # fmt: skip
+        query,
+        kv_cache,
+        context_lens,
+        block_tables,
+        query_start_loc,
+        num_seqs,
+        scale=scale,
+        sliding_window=sliding_window,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sinks=sinks,
+    )
 
 
 def jax_simple_add(a, b) -> Any:
@@ -124,16 +166,38 @@ def torchax_register() -> None:
 
 
 # ------------------------------------------------------------------------------ reference
-def reference_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                              num_seqs, *, scale: float, compute_dtype=None, sliding_window=None,
-                              k_scale=None, v_scale=None, sinks=None):  # fmt: skip
+def reference_paged_attention(
+    query,
+    kv_cache,
+    context_lens,
+    block_tables,
+    query_start_loc,
+    num_seqs,
+    *,
+    scale: float,
+    compute_dtype=None,
+    sliding_window=None,
+    k_scale=None,
+    v_scale=None,
+    sinks=None,
+):
     from xla_gpu_ops import reference
 
     kwargs = {} if compute_dtype is None else {"compute_dtype": compute_dtype}
     return reference.paged_attention(
-        query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale,
-        sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale, sinks=sinks, **kwargs,
-    )  # fmt: skip
+        query,
+        kv_cache,
+        context_lens,
+        block_tables,
+        query_start_loc,
+        num_seqs,
+        scale,
+        sliding_window=sliding_window,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sinks=sinks,
+        **kwargs,
+    )
 
 
 def reference_simple_add(a, b):

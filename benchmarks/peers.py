@@ -112,8 +112,15 @@ def _chain_program(env: BenchEnv, op: Callable, num_sets: int, chain: int, optio
     return env.jax.jit(program)
 
 
-def _jax_runner(env: BenchEnv, op: Callable, carry0, sets: list, options: dict | None,
-                notes: str = "", overhead: bool = False) -> Runner:  # fmt: skip
+def _jax_runner(
+    env: BenchEnv,
+    op: Callable,
+    carry0,
+    sets: list,
+    options: dict | None,
+    notes: str = "",
+    overhead: bool = False,
+) -> Runner:
     jax = env.jax
     # Enough calls per program that one dispatch is small next to the device work; the tiny
     # overhead cases get 64 so launch gaps, not Python, dominate what is measured.
@@ -132,9 +139,17 @@ def _jax_runner(env: BenchEnv, op: Callable, carry0, sets: list, options: dict |
     def make_program(n: int):
         return _chain_program(env, op, len(sets), n, options)
 
-    return Runner("jax", output, program=program, first_carry=carry0, operand_sets=sets,
-                  chain=chain, notes=notes, compile_for_dump=compile_for_dump,
-                  make_program=make_program)  # fmt: skip
+    return Runner(
+        "jax",
+        output,
+        program=program,
+        first_carry=carry0,
+        operand_sets=sets,
+        chain=chain,
+        notes=notes,
+        compile_for_dump=compile_for_dump,
+        make_program=make_program,
+    )
 
 
 def _first(result):
@@ -153,23 +168,37 @@ def _jax_sets(env: BenchEnv, case: Case, copies: list[dict]):
     """(first query, per copy the other operands by name): the chain's carry and operand sets."""
     if case.kind == "simple_add":
         return env.to_jax(copies[0]["a"]), [env.to_jax(c["b"]) for c in copies]
-    sets = [{name: env.to_jax(t) for name, t in op_operands(c).items() if name != "query"}
-            for c in copies]  # fmt: skip
+    sets = [
+        {name: env.to_jax(t) for name, t in op_operands(c).items() if name != "query"}
+        for c in copies
+    ]
     return env.to_jax(copies[0]["query"]), sets
 
 
 def prepare_xgo_jax_graph(env, case, copies):
     carry, sets = _jax_sets(env, case, copies)
-    return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, GRAPH_OPTIONS,
-                       "CUDA graphs on (command buffer incl. CUSTOM_CALL, min graph size 1)",
-                       overhead=_is_overhead(case))  # fmt: skip
+    return _jax_runner(
+        env,
+        _xgo_jax_op(env, case),
+        carry,
+        sets,
+        GRAPH_OPTIONS,
+        "CUDA graphs on (command buffer incl. CUSTOM_CALL, min graph size 1)",
+        overhead=_is_overhead(case),
+    )
 
 
 def prepare_xgo_jax_nograph(env, case, copies):
     carry, sets = _jax_sets(env, case, copies)
-    return _jax_runner(env, _xgo_jax_op(env, case), carry, sets, NOGRAPH_OPTIONS,
-                       "CUDA graphs off (xla_gpu_enable_command_buffer='')",
-                       overhead=_is_overhead(case))  # fmt: skip
+    return _jax_runner(
+        env,
+        _xgo_jax_op(env, case),
+        carry,
+        sets,
+        NOGRAPH_OPTIONS,
+        "CUDA graphs off (xla_gpu_enable_command_buffer='')",
+        overhead=_is_overhead(case),
+    )
 
 
 def prepare_xgo_torchax(env, case, copies):
@@ -192,8 +221,15 @@ def prepare_xgo_torchax(env, case, copies):
             return jax_fn(q, **s)
 
     carry, sets = _jax_sets(env, case, copies)
-    return _jax_runner(env, op, carry, sets, GRAPH_OPTIONS, "torchax jax_view, jitted, graphs on",
-                       overhead=_is_overhead(case))  # fmt: skip
+    return _jax_runner(
+        env,
+        op,
+        carry,
+        sets,
+        GRAPH_OPTIONS,
+        "torchax jax_view, jitted, graphs on",
+        overhead=_is_overhead(case),
+    )
 
 
 # ------------------------------------------------------------------------------ torch peers
@@ -244,11 +280,18 @@ def prepare_torch_sdpa_contiguous(env, case, copies):
         # SDPA reads no fp8: the values the fp8 cache stands for
         cache = {"kv_cache": dequantise_kv(c["kv_cache"], q4.dtype)} if case.kv_fp8 else {}
         k, v = (t.contiguous() for t in _gather_kv(case, {**c, **cache}, tables, npp))
-        calls.append(lambda q4=q4, k=k, v=v: F.scaled_dot_product_attention(
-            q4, k, v, is_causal=causal, scale=scale, enable_gqa=True))  # fmt: skip
+        calls.append(
+            lambda q4=q4, k=k, v=v: F.scaled_dot_product_attention(
+                q4, k, v, is_causal=causal, scale=scale, enable_gqa=True
+            )
+        )
     dequantised = f", dequantised to {case.dtype}" if case.kv_fp8 else ""
-    return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
-                  notes=f"K/V gathered once outside the timed region{dequantised}")  # fmt: skip
+    return Runner(
+        "torch",
+        lambda: _canon_dense(calls[0](), case),
+        calls=calls,
+        notes=f"K/V gathered once outside the timed region{dequantised}",
+    )
 
 
 def prepare_torch_gather_sdpa(env, case, copies):
@@ -265,8 +308,9 @@ def prepare_torch_gather_sdpa(env, case, copies):
 
             def call():
                 k, v = _gather_kv(case, c, tables, npp)
-                return F.scaled_dot_product_attention(q4, k, v, is_causal=causal, scale=scale,
-                                                      enable_gqa=True)  # fmt: skip
+                return F.scaled_dot_product_attention(
+                    q4, k, v, is_causal=causal, scale=scale, enable_gqa=True
+                )
 
             return call
 
@@ -289,25 +333,32 @@ def prepare_torch_gather_sdpa(env, case, copies):
         def call():
             outs = []
             for q4, tab, npp, q_len, ctx in per_seq:
-                kv = c["kv_cache"][tab].view(1, npp * case.page_size, 2 * case.num_kv_heads,
-                                             case.head_dim)[:, :ctx]  # fmt: skip
+                kv = c["kv_cache"][tab].view(
+                    1, npp * case.page_size, 2 * case.num_kv_heads, case.head_dim
+                )[:, :ctx]
                 k, v = kv[:, :, 0::2].transpose(1, 2), kv[:, :, 1::2].transpose(1, 2)
                 if q_len == ctx or q_len == 1:
-                    o = F.scaled_dot_product_attention(q4, k, v, is_causal=q_len > 1,
-                                                       scale=scale, enable_gqa=True)  # fmt: skip
+                    o = F.scaled_dot_product_attention(
+                        q4, k, v, is_causal=q_len > 1, scale=scale, enable_gqa=True
+                    )
                 else:  # chunked prefill: bottom-right aligned causal mask
                     pos = torch.arange(ctx, device=q4.device)
                     mask = pos[None, :] <= (ctx - q_len + pos[:q_len])[:, None]
-                    o = F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, scale=scale,
-                                                       enable_gqa=True)  # fmt: skip
+                    o = F.scaled_dot_product_attention(
+                        q4, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+                    )
                 outs.append(o[0].transpose(0, 1))
             return torch.cat(outs)
 
         return call
 
     calls = [make_ragged(c) for c in copies]
-    return Runner("torch", lambda: canon(calls[0]()), calls=calls,
-                  notes=f"{case.batch} gathers + SDPA calls per step")  # fmt: skip
+    return Runner(
+        "torch",
+        lambda: canon(calls[0]()),
+        calls=calls,
+        notes=f"{case.batch} gathers + SDPA calls per step",
+    )
 
 
 def prepare_torch_flex_paged(env, case, copies):
@@ -355,13 +406,24 @@ def prepare_torch_flex_paged(env, case, copies):
             (case.batch, 1, 1, num_pages), dtype=torch.int32, device=env.device
         )
         kv_indices[:, 0, 0, :npp] = tables.to(torch.int32)
-        block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=(128, page),
-                                              mask_mod=mask_mod,
-                                              seq_lengths=(1, num_pages * page))  # fmt: skip
-        calls.append(lambda q4=q4, k=k_cache, v=v_cache, bm=block_mask: flex(
-            q4, k, v, block_mask=bm, scale=scale, enable_gqa=True))  # fmt: skip
-    return Runner("torch", lambda: _canon_dense(calls[0](), case), calls=calls,
-                  notes="torch.compile(flex_attention), K/V caches transposed outside timing")  # fmt: skip
+        block_mask = BlockMask.from_kv_blocks(
+            kv_num_blocks,
+            kv_indices,
+            BLOCK_SIZE=(128, page),
+            mask_mod=mask_mod,
+            seq_lengths=(1, num_pages * page),
+        )
+        calls.append(
+            lambda q4=q4, k=k_cache, v=v_cache, bm=block_mask: flex(
+                q4, k, v, block_mask=bm, scale=scale, enable_gqa=True
+            )
+        )
+    return Runner(
+        "torch",
+        lambda: _canon_dense(calls[0](), case),
+        calls=calls,
+        notes="torch.compile(flex_attention), K/V caches transposed outside timing",
+    )
 
 
 # ------------------------------------------------------------------------------ jax peers
@@ -392,12 +454,25 @@ def prepare_jax_pallas_paged(env, case, copies):
         k_pages, v_pages, tables, lens = s
         qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
         # the CPU smoke run uses Pallas' interpreter (same wrapper, no Triton)
-        return pallas_pa.paged_attention(qs, k_pages, v_pages, tables, lens, k_splits=k_splits,
-                                         pages_per_compute_block=pages_per_block,
-                                         interpret=not env.on_gpu)  # fmt: skip
+        return pallas_pa.paged_attention(
+            qs,
+            k_pages,
+            v_pages,
+            tables,
+            lens,
+            k_splits=k_splits,
+            pages_per_compute_block=pages_per_block,
+            interpret=not env.on_gpu,
+        )
 
-    return _jax_runner(env, op, env.to_jax(copies[0]["query"]), sets, None,
-                       f"k_splits={k_splits}, pages_per_compute_block={pages_per_block}, XLA defaults")  # fmt: skip
+    return _jax_runner(
+        env,
+        op,
+        env.to_jax(copies[0]["query"]),
+        sets,
+        None,
+        f"k_splits={k_splits}, pages_per_compute_block={pages_per_block}, XLA defaults",
+    )
 
 
 def prepare_jax_composite(env, case, copies):
@@ -430,8 +505,10 @@ def prepare_jax_composite(env, case, copies):
         out = jnp.einsum("bhgl,blhd->bhgd", probs, v, preferred_element_type=jnp.float32)
         return out.reshape(b, hq, d).astype(q.dtype)
 
-    sets = [(env.to_jax(c["kv_cache"]), env.to_jax(c["context_lens"]),
-             env.to_jax(c["block_tables"])) for c in copies]  # fmt: skip
+    sets = [
+        (env.to_jax(c["kv_cache"]), env.to_jax(c["context_lens"]), env.to_jax(c["block_tables"]))
+        for c in copies
+    ]
     return _jax_runner(env, op, env.to_jax(copies[0]["query"]), sets, None, "XLA default options")
 
 
@@ -443,8 +520,9 @@ def prepare_reference(env, case, copies):
         calls = [lambda c=c: ours.reference_simple_add(c["a"], c["b"]) for c in copies]
     else:
         attrs = op_attributes(case)
-        calls = [lambda c=c: ours.reference_paged_attention(**op_operands(c), **attrs)
-                 for c in copies]  # fmt: skip
+        calls = [
+            lambda c=c: ours.reference_paged_attention(**op_operands(c), **attrs) for c in copies
+        ]
     return Runner("torch", lambda: canon(calls[0]()), calls=calls)
 
 
@@ -509,7 +587,9 @@ IMPLS: tuple[ImplSpec, ...] = (
     ),
     ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
     ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
-    *(ImplSpec(name, "peer", kinds, False, prepare)
-      for name, (kinds, prepare) in flashinfer_peer.PEERS.items()),
+    *(
+        ImplSpec(name, "peer", kinds, False, prepare)
+        for name, (kinds, prepare) in flashinfer_peer.PEERS.items()
+    ),
     ImplSpec("reference", "peer", ALL, False, prepare_reference),
-)  # fmt: skip
+)

@@ -89,8 +89,13 @@ def per_call_measurements(runner, env, samples: int) -> dict:
     out: dict = {}
     if runner.framework == "jax":
         try:
-            slope = time_jax_slope(runner.make_program, runner.first_carry, runner.operand_sets,
-                                   chain=runner.chain, samples=samples)  # fmt: skip
+            slope = time_jax_slope(
+                runner.make_program,
+                runner.first_carry,
+                runner.operand_sets,
+                chain=runner.chain,
+                samples=samples,
+            )
             out["slope_us"] = slope.median_us
             out["slope_p10_p90_us"] = [slope.quantile(0.1), slope.quantile(0.9)]
             out["slope_method"] = slope.method

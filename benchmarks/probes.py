@@ -67,15 +67,18 @@ def _copies(case: Case, in_order: bool = False, device: str = "cuda") -> list[di
     first = build_inputs(case, device, seed=1)
     if in_order:
         tables = first["block_tables"]
-        first["block_tables"] = torch.arange(tables.numel(), dtype=torch.int32,
-                                             device=tables.device).view_as(tables)  # fmt: skip
+        first["block_tables"] = torch.arange(
+            tables.numel(), dtype=torch.int32, device=tables.device
+        ).view_as(tables)
     meta = {k: v for k, v in first.items() if k not in ("query", "kv_cache")}
     return [first, build_inputs(case, device, seed=2, metadata=meta)]
 
 
 def _calls(case: Case, copies: list[dict]) -> list:
-    return [functools.partial(ours.op_paged_attention, *(c[n] for n in OPERANDS),
-                              scale=scale_of(case)) for c in copies]  # fmt: skip
+    return [
+        functools.partial(ours.op_paged_attention, *(c[n] for n in OPERANDS), scale=scale_of(case))
+        for c in copies
+    ]
 
 
 def _us(calls) -> float:
@@ -88,15 +91,24 @@ def decode_groups() -> dict[str, list[tuple[Case, bool]]]:
     anchor = decode_case(32, 4096, (32, 8))
     many = decode_case(256, 4096, (4, 1))
     mixed = mixed_case()
-    halves = [Case(f"{mixed.name}-{part}", "mixed", tuple(s for s in mixed.seqs if keep(s[0])))
-              for part, keep in (("decodes", lambda q: q == 1), ("prefills", lambda q: q > 1))]  # fmt: skip
-    rows = [anchor, decode_case(1, 65536, (32, 8)), decode_case(32, 1024, (32, 8)),
-            decode_case(8, 16384, (64, 8)), decode_case(32, 4096, (32, 32)),
-            decode_case(32, 4096, (32, 8), page_size=64),
-            decode_case(32, 4096, (32, 8), head_dim=64),
-            decode_case(32, 4096, (32, 8), head_dim=256)]  # fmt: skip
-    dtypes = [dataclasses.replace(anchor, name=f"{anchor.name}-{short}", dtype=dtype)
-              for short, dtype in (("f16", "float16"), ("f32", "float32"))]  # fmt: skip
+    halves = [
+        Case(f"{mixed.name}-{part}", "mixed", tuple(s for s in mixed.seqs if keep(s[0])))
+        for part, keep in (("decodes", lambda q: q == 1), ("prefills", lambda q: q > 1))
+    ]
+    rows = [
+        anchor,
+        decode_case(1, 65536, (32, 8)),
+        decode_case(32, 1024, (32, 8)),
+        decode_case(8, 16384, (64, 8)),
+        decode_case(32, 4096, (32, 32)),
+        decode_case(32, 4096, (32, 8), page_size=64),
+        decode_case(32, 4096, (32, 8), head_dim=64),
+        decode_case(32, 4096, (32, 8), head_dim=256),
+    ]
+    dtypes = [
+        dataclasses.replace(anchor, name=f"{anchor.name}-{short}", dtype=dtype)
+        for short, dtype in (("f16", "float16"), ("f32", "float32"))
+    ]
     return {
         "rows": [(c, False) for c in rows],
         "layout": [(anchor, False), (anchor, True), (many, False), (many, True)],
@@ -119,16 +131,19 @@ def probe_decode(groups: list[str]) -> None:
     if unknown:
         raise SystemExit(f"probe decode: unknown groups {unknown}; groups are {list(known)}")
     read_gbps = measure_ceilings(True, SAMPLES)["read_gbps"]
-    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}; "
-          f"read {read_gbps:.0f} GB/s", flush=True)  # fmt: skip
+    print(
+        f"library {ours.library_path()}; {torch.cuda.get_device_name()}; read {read_gbps:.0f} GB/s",
+        flush=True,
+    )
     print(f"{'case':52s} {'µs':>9s} {'again':>9s}  floor µs  fraction", flush=True)
     for group in groups or ["rows"]:
         for case, in_order in known[group]:
             name = case.name + ("-inorder" if in_order else "")
             calls = _calls(case, _copies(case, in_order))
             first, again = _us(calls), _us(calls)
-            print(decode_row(name, first, again, case.bytes_needed() / (read_gbps * 1e3)),
-                  flush=True)  # fmt: skip
+            print(
+                decode_row(name, first, again, case.bytes_needed() / (read_gbps * 1e3)), flush=True
+            )
             del calls
             torch.cuda.empty_cache()
 
@@ -192,14 +207,18 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
         raise SystemExit("probe prefill: this GPU or library has no sm_90a prefill kernel")
     kernels = ["auto"] if ours_only else ["sm90", "mma"]
     read_gbps = measure_ceilings(True, SAMPLES)["read_gbps"]
-    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}; "
-          f"read {read_gbps:.0f} GB/s", flush=True)  # fmt: skip
+    print(
+        f"library {ours.library_path()}; {torch.cuda.get_device_name()}; read {read_gbps:.0f} GB/s",
+        flush=True,
+    )
     cases = [prefill_case(b, n, d) for d in (128, 64, 256) for b, n in ((1, 8192), (8, 2048))]
     cases = [c for c in (*cases, mixed_case()) if pattern in c.name]
     head = "ours" if ours_only else "sm90"
-    lines = [f"| case | {head} µs | mma µs | SDPA µs | {head} TFLOP/s | mma / {head} | "
-             f"SDPA / {head} | floor fraction | rel. L2 vs float32: {' / '.join(kernels)} |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = [
+        f"| case | {head} µs | mma µs | SDPA µs | {head} TFLOP/s | mma / {head} | "
+        f"SDPA / {head} | floor fraction | rel. L2 vs float32: {' / '.join(kernels)} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     inaccurate = []
     for case in cases:
         copies = _copies(case)
@@ -221,16 +240,21 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
         def fmt(x, spec=".1f"):
             return "-" if x is None else format(x, spec)
 
-        lines.append(f"| {case.name} | {ours_us:.1f} | {fmt(mma)} | {fmt(sdpa)} | "
-                     f"{case.flops() / ours_us / 1e6:.0f} | {fmt(mma and mma / ours_us, '.3f')} | "
-                     f"{fmt(sdpa and sdpa / ours_us, '.3f')} | {fmt(floor and floor / ours_us, '.2f')} | "
-                     + " / ".join(f"{e:.1e}" for e in errors.values()) + " |")  # fmt: skip
+        lines.append(
+            f"| {case.name} | {ours_us:.1f} | {fmt(mma)} | {fmt(sdpa)} | "
+            f"{case.flops() / ours_us / 1e6:.0f} | {fmt(mma and mma / ours_us, '.3f')} | "
+            f"{fmt(sdpa and sdpa / ours_us, '.3f')} | {fmt(floor and floor / ours_us, '.2f')} | "
+            + " / ".join(f"{e:.1e}" for e in errors.values())
+            + " |"
+        )
         print(lines[-1], flush=True)
         del copies, outs
         torch.cuda.empty_cache()
     print("\n".join(["", *lines]))
-    print("accuracy: " + (f"OUT OF TOLERANCE (1e-2): {inaccurate}" if inaccurate
-                          else "every error below 1e-2"))  # fmt: skip
+    print(
+        "accuracy: "
+        + (f"OUT OF TOLERANCE (1e-2): {inaccurate}" if inaccurate else "every error below 1e-2")
+    )
     return 1 if inaccurate else 0
 
 
@@ -238,28 +262,47 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
 def fp8_rows() -> list[tuple[Case, float]]:
     """(case, the fp8 / 16-bit time target)."""
     prefills = [prefill_case(b, n, d) for d in (64, 128, 256) for b, n in ((1, 8192), (8, 2048))]
-    return [*((c, 1.1) for c in prefills), (mixed_case(), 1.0),
-            (decode_case(32, 4096, (32, 8)), 1 / 1.8)]  # fmt: skip
+    return [
+        *((c, 1.1) for c in prefills),
+        (mixed_case(), 1.0),
+        (decode_case(32, 4096, (32, 8)), 1 / 1.8),
+    ]
 
 
 def probe_fp8() -> None:
     import torch
 
     print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
-    print(f"{'case':48s} {'16-bit µs':>9s} {'fp8 µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
-          "target  rel L2", flush=True)  # fmt: skip
+    print(
+        f"{'case':48s} {'16-bit µs':>9s} {'fp8 µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+        "target  rel L2",
+        flush=True,
+    )
     for case, target in fp8_rows():
         pairs = [fp8_copy(c) for c in _copies(case)]
         scale = scale_of(case)
-        wide = [functools.partial(ours.op_paged_attention, *(w[n] for n in OPERANDS), scale=scale)
-                for _, w in pairs]  # fmt: skip
-        fp8 = [functools.partial(ours.op_paged_attention, *(f[n] for n in OPERANDS), scale=scale,
-                                 k_scale=K_SCALE, v_scale=V_SCALE) for f, _ in pairs]  # fmt: skip
+        wide = [
+            functools.partial(ours.op_paged_attention, *(w[n] for n in OPERANDS), scale=scale)
+            for _, w in pairs
+        ]
+        fp8 = [
+            functools.partial(
+                ours.op_paged_attention,
+                *(f[n] for n in OPERANDS),
+                scale=scale,
+                k_scale=K_SCALE,
+                v_scale=V_SCALE,
+            )
+            for f, _ in pairs
+        ]
         times = [_us(calls) for calls in (wide, fp8, wide, fp8)]
         ratio = max(times[1], times[3]) / max(times[0], times[2])
         error = rel_l2(fp8[0]().float(), wide[0]().float())
-        print(f"{case.name:48s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
-              f"{ratio:.3f}  {target:.3f}  {error:.1e}", flush=True)  # fmt: skip
+        print(
+            f"{case.name:48s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+            f"{ratio:.3f}  {target:.3f}  {error:.1e}",
+            flush=True,
+        )
         del pairs, wide, fp8
         torch.cuda.empty_cache()
 
@@ -268,12 +311,17 @@ def probe_fp8() -> None:
 def sinks_rows() -> list[tuple[Case, int | None]]:
     """(case, sliding window): the anchor rows and gpt-oss's shapes (Hq 64 / Hkv 8, D 64)."""
     rows: list[tuple[Case, int | None]] = [
-        (decode_case(32, 4096, (32, 8)), None), (decode_case(1, 65536, (32, 8)), None),
-        (prefill_case(8, 2048), None), (prefill_case(1, 8192), None), (mixed_case(), None),
-    ]  # fmt: skip
+        (decode_case(32, 4096, (32, 8)), None),
+        (decode_case(1, 65536, (32, 8)), None),
+        (prefill_case(8, 2048), None),
+        (prefill_case(1, 8192), None),
+        (mixed_case(), None),
+    ]
     for window in (None, 128):
-        rows += [(decode_case(32, 4096, (64, 8), head_dim=64), window),
-                 (prefill_case(8, 2048, 64, heads=(64, 8)), window)]  # fmt: skip
+        rows += [
+            (decode_case(32, 4096, (64, 8), head_dim=64), window),
+            (prefill_case(8, 2048, 64, heads=(64, 8)), window),
+        ]
     return rows
 
 
@@ -281,33 +329,53 @@ def probe_sinks() -> None:
     import torch
 
     print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
-    print(f"{'case':60s} {'plain µs':>9s} {'sinks µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
-          "rel L2", flush=True)  # fmt: skip
+    print(
+        f"{'case':60s} {'plain µs':>9s} {'sinks µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+        "rel L2",
+        flush=True,
+    )
     for case, window in sinks_rows():
         copies = _copies(case)
-        sinks = torch.randn(case.num_q_heads, device="cuda", generator=torch.Generator(
-            "cuda").manual_seed(5)) + 2.0  # fmt: skip
+        sinks = (
+            torch.randn(
+                case.num_q_heads, device="cuda", generator=torch.Generator("cuda").manual_seed(5)
+            )
+            + 2.0
+        )
         scale = scale_of(case)
-        plain = [functools.partial(ours.op_paged_attention, *(c[n] for n in OPERANDS), scale=scale,
-                                   sliding_window=window) for c in copies]  # fmt: skip
+        plain = [
+            functools.partial(
+                ours.op_paged_attention,
+                *(c[n] for n in OPERANDS),
+                scale=scale,
+                sliding_window=window,
+            )
+            for c in copies
+        ]
         with_sinks = [functools.partial(call, sinks=sinks) for call in plain]
         times = [_us(calls) for calls in (plain, with_sinks, plain, with_sinks)]
         ratio = max(times[1], times[3]) / max(times[0], times[2])
         out = with_sinks[0]().float()
-        expected = ours.reference_paged_attention(*(copies[0][n] for n in OPERANDS), scale=scale,
-                                                  sliding_window=window, sinks=sinks)  # fmt: skip
+        expected = ours.reference_paged_attention(
+            *(copies[0][n] for n in OPERANDS), scale=scale, sliding_window=window, sinks=sinks
+        )
         error = rel_l2(out, expected.float())
         name = case.name + (f"-w{window}" if window else "")
-        print(f"{name:60s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
-              f"{ratio:.3f}  {error:.1e}", flush=True)  # fmt: skip
+        print(
+            f"{name:60s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+            f"{ratio:.3f}  {error:.1e}",
+            flush=True,
+        )
         del copies, plain, with_sinks
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks probe",
-                                     description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[6:]))  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks probe",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[6:]),
+    )
     sub = parser.add_subparsers(dest="probe", required=True)
     decode = sub.add_parser("decode", help="decode shapes and groups")
     decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")

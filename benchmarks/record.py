@@ -29,13 +29,39 @@ CHECKS_FILE = "checks.md"
 # What a record keeps of a run: everything the table, the plot and the verdicts use, the numbers
 # the docs quote, and where the run happened; not the run's local paths, logs or method strings.
 CONFIG_KEYS = ("quick", "patterns", "skip_impls", "samples", "budget_gb", "time_limit_s")
-CASE_KEYS = ("name", "kind", "params", "bytes", "flops", "floor_us", "input_copies",
-             "check_against", "skipped", "filled_from", "cross_check")  # fmt: skip
-ENTRY_KEYS = ("role", "status", "reason", "median_us", "median_us_repeat", "p10_us", "p90_us",
-              "check", "rel_l2_err", "slope_us")  # fmt: skip
+CASE_KEYS = (
+    "name",
+    "kind",
+    "params",
+    "bytes",
+    "flops",
+    "floor_us",
+    "input_copies",
+    "check_against",
+    "skipped",
+    "filled_from",
+    "cross_check",
+)
+ENTRY_KEYS = (
+    "role",
+    "status",
+    "reason",
+    "median_us",
+    "median_us_repeat",
+    "p10_us",
+    "p90_us",
+    "check",
+    "rel_l2_err",
+    "slope_us",
+)
 # the per-call evidence of the anchor and overhead rows (the overhead verdict reads it)
-COMMAND_BUFFER_KEYS = ("captured", "custom_calls_in_command_buffer", "custom_calls_outside",
-                       "file", "error")  # fmt: skip
+COMMAND_BUFFER_KEYS = (
+    "captured",
+    "custom_calls_in_command_buffer",
+    "custom_calls_outside",
+    "file",
+    "error",
+)
 DEVICE_TRACE_KEYS = ("span_us", "busy_us", "idle_us", "names", "error")
 BASELINE_KEYS = ("device", "commit", "date_utc", "read_gbps", "rows")
 
@@ -80,11 +106,13 @@ def compact(results: dict) -> dict:
         "filled": results.get("filled"),
         "verdicts": report.verdict_counts(report.verdicts(results)),
         "cases": [
-            {**_pick(case, CASE_KEYS),
-             "impls": {n: _compact_entry(e) for n, e in case.get("impls", {}).items()}}
+            {
+                **_pick(case, CASE_KEYS),
+                "impls": {n: _compact_entry(e) for n, e in case.get("impls", {}).items()},
+            }
             for case in results["cases"]
         ],
-    }  # fmt: skip
+    }
     return _rounded({k: v for k, v in record.items() if v is not None})
 
 
@@ -95,8 +123,10 @@ def dumps(record: dict) -> str:
         comma = "," if i < len(record) - 1 else ""
         if key == "cases":
             lines.append('"cases": [')
-            lines += [json.dumps(case, ensure_ascii=False) + ("," if j < len(value) - 1 else "")
-                      for j, case in enumerate(value)]  # fmt: skip
+            lines += [
+                json.dumps(case, ensure_ascii=False) + ("," if j < len(value) - 1 else "")
+                for j, case in enumerate(value)
+            ]
             lines.append("]" + comma)
         else:
             lines.append(f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
@@ -107,16 +137,21 @@ def fill_skipped(results: dict, other: dict) -> list[str]:
     """Cases `results` skipped at its time limit, taken from `other` where it reached them.
     Returns the names filled in."""
     env, other_env = results["env"], other["env"]
-    for what, get in (("commit", lambda e: e.get("git_commit")),
-                      ("device", lambda e: (e.get("gpu") or {}).get("name")),
-                      ("library", lambda e: (e.get("library") or {}).get("sha256"))):  # fmt: skip
+    for what, get in (
+        ("commit", lambda e: e.get("git_commit")),
+        ("device", lambda e: (e.get("gpu") or {}).get("name")),
+        ("library", lambda e: (e.get("library") or {}).get("sha256")),
+    ):
         if get(env) != get(other_env):
-            raise SystemExit(f"--fill-skipped: the runs differ in {what}: "
-                             f"{get(env)!r} and {get(other_env)!r}")  # fmt: skip
+            raise SystemExit(
+                f"--fill-skipped: the runs differ in {what}: {get(env)!r} and {get(other_env)!r}"
+            )
     # Measured there, or skipped there for a reason other than time (e.g. the memory budget).
     measured = {c["name"]: c for c in other["cases"] if not report.skipped_for_time(c)}
-    source = {"date_utc": other_env.get("date_utc"),
-              "read_gbps": (other.get("ceilings") or {}).get("read_gbps")}  # fmt: skip
+    source = {
+        "date_utc": other_env.get("date_utc"),
+        "read_gbps": (other.get("ceilings") or {}).get("read_gbps"),
+    }
     filled = []
     for i, case in enumerate(results["cases"]):
         if report.skipped_for_time(case) and case["name"] in measured:
@@ -160,21 +195,28 @@ def readme(record: dict, checks: bool = False) -> str:
         f"- {len(cases) - len(skipped)} of {len(cases)} cases measured"
         + (f" ({len(skipped)} skipped: table.md says why)" if skipped else "")
         + f"; verdicts {counts['met']} met, {counts['missed']} missed"
-        + (f", {counts['other']} not judged" if counts["other"] else "") + ".",
-    ]  # fmt: skip
+        + (f", {counts['other']} not judged" if counts["other"] else "")
+        + ".",
+    ]
     if compared is not None and not base:
         lines.append(f"- The first record of this GPU kind: {compared['verdict']}.")
     elif compared is not None:
-        lines.append(f"- Against the record before it (commit {str(base.get('commit'))[:7]}, "
-                     f"{str(base.get('date_utc'))[:10]}): {compared['verdict']}.")  # fmt: skip
+        lines.append(
+            f"- Against the record before it (commit {str(base.get('commit'))[:7]}, "
+            f"{str(base.get('date_utc'))[:10]}): {compared['verdict']}."
+        )
     filled = record.get("filled")
     if filled:
-        lines.append(f"- {len(filled['cases'])} cases this run skipped at its time limit come "
-                     f"from a second run of the same commit, library and device "
-                     f"({filled['date_utc']}): " + ", ".join(filled["cases"]) + ".")  # fmt: skip
+        lines.append(
+            f"- {len(filled['cases'])} cases this run skipped at its time limit come "
+            f"from a second run of the same commit, library and device "
+            f"({filled['date_utc']}): " + ", ".join(filled["cases"]) + "."
+        )
     if checks:
-        lines.append(f"- GPU checks on this kind outside the benchmark (tests, sanitizers, "
-                     f"probes): [{CHECKS_FILE}]({CHECKS_FILE}).")  # fmt: skip
+        lines.append(
+            f"- GPU checks on this kind outside the benchmark (tests, sanitizers, "
+            f"probes): [{CHECKS_FILE}]({CHECKS_FILE})."
+        )
     lines += [
         "- Files: [table.md](table.md) (every case and implementation, the verdicts), "
         "[results.json](results.json) (the numbers, one case per line), [plot.png](plot.png); "
@@ -199,28 +241,38 @@ def results_md(results_dir: Path = RESULTS_DIR) -> str:
     for folder, data in records(results_dir):
         env, counts = data["env"], data["verdicts"]
         measured = sum(not c.get("skipped") for c in data["cases"])
-        rows.append(f"| {env['gpu']['name']} | {env['date_utc'][:10]} | "
-                    f"{str(env['git_commit'])[:7]} | {measured} of {len(data['cases'])} | "
-                    f"{counts['met']} met, {counts['missed']} missed | "
-                    f"[{folder.name}/]({folder.name}/README.md) |")  # fmt: skip
-    checks = [f"- [{path.parent.name}/]({path.parent.name}/{CHECKS_FILE}): "
-              f"{path.read_text().splitlines()[0].lstrip('# ')}"
-              for path in sorted(results_dir.glob(f"*/{CHECKS_FILE}"))
-              if not (path.parent / "results.json").exists()]  # fmt: skip
-    return "\n".join([
-        "# Benchmark records",
-        "",
-        "The current record of each GPU kind; `python -m benchmarks publish RUN_DIR` writes one",
-        "and this file (benchmarks/README.md). Earlier records are in git history: `git log",
-        "--oneline -- benchmarks/results/` lists the commits that published them, each naming its",
-        "record.",
-        "",
-        "| GPU | run | commit | cases measured | verdicts | record |",
-        "|---|---|---|---|---|---|",
-        *rows,
-        *(["", "GPU kinds with tests and probes but no benchmark run yet:", "", *checks] if checks else []),
-        "",
-    ])  # fmt: skip
+        rows.append(
+            f"| {env['gpu']['name']} | {env['date_utc'][:10]} | "
+            f"{str(env['git_commit'])[:7]} | {measured} of {len(data['cases'])} | "
+            f"{counts['met']} met, {counts['missed']} missed | "
+            f"[{folder.name}/]({folder.name}/README.md) |"
+        )
+    checks = [
+        f"- [{path.parent.name}/]({path.parent.name}/{CHECKS_FILE}): "
+        f"{path.read_text().splitlines()[0].lstrip('# ')}"
+        for path in sorted(results_dir.glob(f"*/{CHECKS_FILE}"))
+        if not (path.parent / "results.json").exists()
+    ]
+    return "\n".join(
+        [
+            "# Benchmark records",
+            "",
+            "The current record of each GPU kind; `python -m benchmarks publish RUN_DIR` writes one",
+            "and this file (benchmarks/README.md). Earlier records are in git history: `git log",
+            "--oneline -- benchmarks/results/` lists the commits that published them, each naming its",
+            "record.",
+            "",
+            "| GPU | run | commit | cases measured | verdicts | record |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            *(
+                ["", "GPU kinds with tests and probes but no benchmark run yet:", "", *checks]
+                if checks
+                else []
+            ),
+            "",
+        ]
+    )
 
 
 def current_record(env: dict, results_dir: Path = RESULTS_DIR) -> Path | None:
@@ -236,8 +288,10 @@ def publish(run_dir: Path, results_dir: Path = RESULTS_DIR, fill_dir: Path | Non
         raise SystemExit(f"{run_dir}: a CPU smoke run is not a record")
     fill = None if fill_dir is None else report.load(Path(fill_dir) / "results.json")
     if fill is not None and not fill_skipped(results, fill):
-        raise SystemExit(f"--fill-skipped: {fill_dir} measured none of the cases {run_dir} "
-                         "skipped at its time limit")  # fmt: skip
+        raise SystemExit(
+            f"--fill-skipped: {fill_dir} measured none of the cases {run_dir} "
+            "skipped at its time limit"
+        )
     record = compact(results)
     dest = Path(results_dir) / device_slug(record["env"])
     dest.mkdir(parents=True, exist_ok=True)

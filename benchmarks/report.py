@@ -98,21 +98,30 @@ def _frac_verdict(frac: float, target: float, floor_us: float, note: str = "") -
     if frac >= target:
         return f"met ({frac:.2f} ≥ {target:.2f}{note})"
     need = floor_us / target
-    return (f"MISSED by {100 * (target - frac) / target:.0f}% ({frac:.2f} < {target:.2f}; "
-            f"needs ≤ {need:.1f} µs{note})")  # fmt: skip
+    return (
+        f"MISSED by {100 * (target - frac) / target:.0f}% ({frac:.2f} < {target:.2f}; "
+        f"needs ≤ {need:.1f} µs{note})"
+    )
 
 
 def _time_verdict(ours_us: float, limit_us: float, what: str, note: str = "") -> str:
     """ours_us must be ≤ limit_us."""
     if ours_us <= limit_us:
         return f"met ({ours_us:.1f} ≤ {limit_us:.1f} µs {what}{note})"
-    return (f"MISSED by {100 * (ours_us / limit_us - 1):.0f}% ({ours_us:.1f} > {limit_us:.1f} µs "
-            f"{what}{note})")  # fmt: skip
+    return (
+        f"MISSED by {100 * (ours_us / limit_us - 1):.0f}% ({ours_us:.1f} > {limit_us:.1f} µs "
+        f"{what}{note})"
+    )
 
 
 def _row(record, name, entry, target: str, verdict: str) -> dict:
-    return {"case": record["name"], "impl": name, "median_us": entry["median_us"],
-            "target": target, "verdict": verdict}  # fmt: skip
+    return {
+        "case": record["name"],
+        "impl": name,
+        "median_us": entry["median_us"],
+        "target": target,
+        "verdict": verdict,
+    }
 
 
 def _vs_peer(record, name, entry, peers=FLASHINFER, what="FlashInfer") -> dict:
@@ -122,8 +131,9 @@ def _vs_peer(record, name, entry, peers=FLASHINFER, what="FlashInfer") -> dict:
         status = [record["impls"].get(n) for n in peers if n in record["impls"]]
         why = (status[0].get("reason") or status[0].get("status")) if status else "absent"
         return _row(record, name, entry, target, f"no {what} number ({why})")
-    return _row(record, name, entry, target,
-                _time_verdict(*_with_note(entry, peer[1]["median_us"], what)))  # fmt: skip
+    return _row(
+        record, name, entry, target, _time_verdict(*_with_note(entry, peer[1]["median_us"], what))
+    )
 
 
 def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
@@ -182,13 +192,15 @@ def verdicts(results: dict) -> list[dict]:
     out = []
     for record in results["cases"]:
         if record.get("skipped"):
-            out.append({"case": record["name"], "target": "-",
-                        "verdict": f"skipped: {record['skipped']}"})  # fmt: skip
+            out.append(
+                {"case": record["name"], "target": "-", "verdict": f"skipped: {record['skipped']}"}
+            )
             continue
         best = primary(record)
         if best is None:
-            out.append({"case": record["name"], "target": "-",
-                        "verdict": "no implementation of ours ran"})  # fmt: skip
+            out.append(
+                {"case": record["name"], "target": "-", "verdict": "no implementation of ours ran"}
+            )
             continue
         name, entry = best
         kind = record["kind"]
@@ -197,10 +209,13 @@ def verdicts(results: dict) -> list[dict]:
             verdict = _floor_verdict(record, entry, target)
             if record["name"] == ANCHOR and "H200" in device:
                 met = entry["median_us"] <= ANCHOR_H200_TARGET_US
-                verdict += (f"; H200 anchor {entry['median_us']:.1f} µs "
-                            f"{'≤' if met else '>'} {ANCHOR_H200_TARGET_US:.0f} µs")  # fmt: skip
-            out.append(_row(record, name, entry, f"≥ {target:.2f} of read-bandwidth floor",
-                            verdict))  # fmt: skip
+                verdict += (
+                    f"; H200 anchor {entry['median_us']:.1f} µs "
+                    f"{'≤' if met else '>'} {ANCHOR_H200_TARGET_US:.0f} µs"
+                )
+            out.append(
+                _row(record, name, entry, f"≥ {target:.2f} of read-bandwidth floor", verdict)
+            )
             out.append(_vs_peer(record, name, entry))
             if any(n in record["impls"] for n in XQA):  # records from before XQA lack it
                 out.append(_vs_peer(record, name, entry, XQA, "XQA"))
@@ -224,23 +239,45 @@ def verdicts(results: dict) -> list[dict]:
                     f"no SDPA number ({status.get('reason') or status.get('status', 'absent')})"
                 )
             else:
-                verdict = _time_verdict(*_with_note(entry, sdpa[1]["median_us"] / PREFILL_VS_SDPA,
-                                                    f"SDPA / {PREFILL_VS_SDPA}"))  # fmt: skip
+                verdict = _time_verdict(
+                    *_with_note(
+                        entry, sdpa[1]["median_us"] / PREFILL_VS_SDPA, f"SDPA / {PREFILL_VS_SDPA}"
+                    )
+                )
             out.append(_row(record, name, entry, target, verdict))
         elif kind == "host_cost":
             for row in ("xgo_op", "xgo_wrapper"):
                 e = record["impls"].get(row, {})
                 target = f"host time ≤ {HOST_COST_TARGET_US:.0f} µs per eager call"
                 if e.get("status") != "ok":
-                    out.append({"case": record["name"], "impl": row, "target": target,
-                                "verdict": f"{e.get('status', 'absent')}: {e.get('reason', '')}"})  # fmt: skip
+                    out.append(
+                        {
+                            "case": record["name"],
+                            "impl": row,
+                            "target": target,
+                            "verdict": f"{e.get('status', 'absent')}: {e.get('reason', '')}",
+                        }
+                    )
                     continue
-                out.append(_row(record, row, e, target,
-                                _time_verdict(e["median_us"], HOST_COST_TARGET_US, "target")))  # fmt: skip
+                out.append(
+                    _row(
+                        record,
+                        row,
+                        e,
+                        target,
+                        _time_verdict(e["median_us"], HOST_COST_TARGET_US, "target"),
+                    )
+                )
         else:  # simple_add / overhead_decode: custom call inside XLA vs the eager kernel
-            out.append(_row(record, name, entry,
-                            f"XLA custom call ≤ {OVERHEAD_TARGET_US:.0f} µs over eager; graph captured",
-                            _overhead_verdict(record)))  # fmt: skip
+            out.append(
+                _row(
+                    record,
+                    name,
+                    entry,
+                    f"XLA custom call ≤ {OVERHEAD_TARGET_US:.0f} µs over eager; graph captured",
+                    _overhead_verdict(record),
+                )
+            )
         if kind in ("decode", "prefill", "mixed"):
             fp8 = _vs_bf16_cache(record, name, entry, by_name)
             if fp8 is not None:
@@ -259,9 +296,13 @@ def baseline_rows(results_json: Path) -> dict:
         if best is not None:
             rows[record["name"]] = {"impl": best[0], "median_us": best[1]["median_us"]}
     env = data.get("env") or {}
-    return {"device": (env.get("gpu") or {}).get("name"),
-            "commit": env.get("git_commit"), "date_utc": env.get("date_utc"),
-            "read_gbps": (data.get("ceilings") or {}).get("read_gbps"), "rows": rows}  # fmt: skip
+    return {
+        "device": (env.get("gpu") or {}).get("name"),
+        "commit": env.get("git_commit"),
+        "date_utc": env.get("date_utc"),
+        "read_gbps": (data.get("ceilings") or {}).get("read_gbps"),
+        "rows": rows,
+    }
 
 
 def bandwidth_scale(results: dict) -> float:
@@ -292,16 +333,22 @@ def compare_with_record(results: dict) -> dict[str, dict]:
         us = best[1]["median_us"] * (scale if record["kind"] in ("decode", "mixed") else 1.0)
         change = 100 * (us / old["median_us"] - 1)
         slower = change > RECORD_NOISE_PCT and us - old["median_us"] > RECORD_NOISE_US
-        out[record["name"]] = {"record_us": old["median_us"], "us": us, "change_pct": change,
-                               "slower": slower}  # fmt: skip
+        out[record["name"]] = {
+            "record_us": old["median_us"],
+            "us": us,
+            "change_pct": change,
+            "slower": slower,
+        }
     return out
 
 
 def record_verdict(results: dict) -> dict:
     base = results.get("baseline") or {}
     device = ((results.get("env") or {}).get("gpu") or {}).get("name")
-    target = (f"no row slower than the record by more than {RECORD_NOISE_PCT:.0f}% and "
-              f"{RECORD_NOISE_US} µs (noise)")  # fmt: skip
+    target = (
+        f"no row slower than the record by more than {RECORD_NOISE_PCT:.0f}% and "
+        f"{RECORD_NOISE_US} µs (noise)"
+    )
     row = {"case": "all rows", "target": target}
     if not base:
         return {**row, "verdict": "no committed record to compare with"}
@@ -309,16 +356,23 @@ def record_verdict(results: dict) -> dict:
     if base.get("device") != device:
         return {**row, "verdict": f"not comparable: {where}, this run on {device}"}
     compared = compare_with_record(results)
-    scale = (f"decode and mixed rows at the record's read bandwidth (x {bandwidth_scale(results):.3f}: "
-             f"{results['ceilings']['read_gbps']:.0f} / {base.get('read_gbps') or 0:.0f} GB/s)")  # fmt: skip
+    scale = (
+        f"decode and mixed rows at the record's read bandwidth (x {bandwidth_scale(results):.3f}: "
+        f"{results['ceilings']['read_gbps']:.0f} / {base.get('read_gbps') or 0:.0f} GB/s)"
+    )
     slower = {k: v for k, v in compared.items() if v["slower"]}
     if not slower:
         return {**row, "verdict": f"met: {len(compared)} rows compared with {where}; {scale}"}
     worst = sorted(slower.items(), key=lambda kv: -kv[1]["change_pct"])
-    listed = "; ".join(f"{k} {v['record_us']:.1f} → {v['us']:.1f} µs (+{v['change_pct']:.1f}%)"
-                       for k, v in worst[:8])  # fmt: skip
-    return {**row, "verdict": f"MISSED: {len(slower)} of {len(compared)} rows slower than {where} "
-                              f"({scale}): {listed}"}  # fmt: skip
+    listed = "; ".join(
+        f"{k} {v['record_us']:.1f} → {v['us']:.1f} µs (+{v['change_pct']:.1f}%)"
+        for k, v in worst[:8]
+    )
+    return {
+        **row,
+        "verdict": f"MISSED: {len(slower)} of {len(compared)} rows slower than {where} "
+        f"({scale}): {listed}",
+    }
 
 
 # ------------------------------------------------------------------------------ overhead
@@ -440,9 +494,15 @@ def _cross_text(record: dict) -> str:
 
 
 def _short_target(target: str) -> str:
-    for word, short in (("FlashInfer", "FlashInfer"), ("XQA", "XQA"), ("fp8", "fp8 vs bf16"),
-                        ("SDPA", "0.9x SDPA"), ("floor", "floor"),
-                        ("host time", "host µs"), ("XLA", "XLA overhead")):  # fmt: skip
+    for word, short in (
+        ("FlashInfer", "FlashInfer"),
+        ("XQA", "XQA"),
+        ("fp8", "fp8 vs bf16"),
+        ("SDPA", "0.9x SDPA"),
+        ("floor", "floor"),
+        ("host time", "host µs"),
+        ("XLA", "XLA overhead"),
+    ):
         if word in target:
             return short
     return target
@@ -460,8 +520,13 @@ def verdict_counts(verdict_rows: list[dict]) -> dict[str, int]:
     for v in verdict_rows:
         if v["case"] != "all rows":
             text = v["verdict"]
-            counts["met" if text.startswith("met") else "missed" if text.startswith("MISSED")
-                   else "other"] += 1  # fmt: skip
+            counts[
+                "met"
+                if text.startswith("met")
+                else "missed"
+                if text.startswith("MISSED")
+                else "other"
+            ] += 1
     return counts
 
 
@@ -475,8 +540,12 @@ def table(results: dict) -> str:
         by_case.setdefault(v["case"], []).append(v)
     versus = compare_with_record(results)
     kernel_rows = [r for r in results["cases"] if r["kind"] != "host_cost"]
-    ran = {_column(n) for r in kernel_rows for n, e in r.get("impls", {}).items()
-           if e.get("status") == "ok"}  # fmt: skip
+    ran = {
+        _column(n)
+        for r in kernel_rows
+        for n, e in r.get("impls", {}).items()
+        if e.get("status") == "ok"
+    }
     columns = [c for c in COLUMNS if c in ran] + sorted(ran - set(COLUMNS))
     lines = [
         f"# Benchmark: {device}, {env['date_utc']}, commit {str(env['git_commit'])[:12]}",
@@ -487,10 +556,11 @@ def table(results: dict) -> str:
         f"{ceil['read_gbps']:.4g} GB/s, copy {ceil['copy_gbps']:.4g} GB/s (read + write), "
         f"{ceil['matmul_dtype']} matmul {ceil['matmul_tflops']:.4g} TFLOP/s",
         "",
-        "| case | floor µs | " + " | ".join(COLUMNS.get(c, c) for c in columns)
+        "| case | floor µs | "
+        + " | ".join(COLUMNS.get(c, c) for c in columns)
         + " | floor frac | vs peers | vs record | verdicts |",
         "|---|---:|" + "---:|" * len(columns) + "---:|---|---:|---|",
-    ]  # fmt: skip
+    ]
     for record in kernel_rows:
         if record.get("skipped"):
             empty = " |" * (len(columns) + 4)
@@ -511,10 +581,18 @@ def table(results: dict) -> str:
         )
     lines += ["", *summary(results)]
     # one line per kind of timing: the counts of calls per sample vary by case
-    kinds = dict.fromkeys(re.sub(r"\d+ programs x \d+ chained", "N programs x M chained", m)
-                          for m in results.get("methods") or methods(results))  # fmt: skip
-    lines += ["", LEGEND, "", "Timing: " + "; ".join(kinds) + f". Ceilings: {ceil['read_method']}; "
-              f"{ceil['copy_method']}; {ceil['matmul_method']}.", ""]  # fmt: skip
+    kinds = dict.fromkeys(
+        re.sub(r"\d+ programs x \d+ chained", "N programs x M chained", m)
+        for m in results.get("methods") or methods(results)
+    )
+    lines += [
+        "",
+        LEGEND,
+        "",
+        "Timing: " + "; ".join(kinds) + f". Ceilings: {ceil['read_method']}; "
+        f"{ceil['copy_method']}; {ceil['matmul_method']}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -525,26 +603,39 @@ def summary(results: dict) -> list[str]:
         lines = ["No verdicts: a CPU smoke run checks the harness code paths, not speed."]
     else:
         counts = verdict_counts(judged)
-        lines = [f"Verdicts: {counts['met']} met, {counts['missed']} missed"
-                 + (f", {counts['other']} not judged or skipped." if counts["other"] else ".")]  # fmt: skip
+        lines = [
+            f"Verdicts: {counts['met']} met, {counts['missed']} missed"
+            + (f", {counts['other']} not judged or skipped." if counts["other"] else ".")
+        ]
         lines += [f"{v['target']}: {v['verdict']}." for v in judged if v["case"] == "all rows"]
     for record in results["cases"]:
         if record["kind"] == "host_cost" and not record.get("skipped"):
             parts = [f"{n} {_cell(e)}" for n, e in record["impls"].items()]
             rows = [v for v in judged if v["case"] == record["name"]]
-            lines.append(f"Eager host µs per call ({record['name']}): " + " · ".join(parts)
-                         + (f"; {_judged(rows)}." if rows else "."))  # fmt: skip
-    lines += [f"{e['status'].capitalize()}: {r['name']} {n}: {e.get('reason', '')}"
-              for r in results["cases"] for n, e in r.get("impls", {}).items()
-              if e.get("status") in ("failed", "invalid")]  # fmt: skip
+            lines.append(
+                f"Eager host µs per call ({record['name']}): "
+                + " · ".join(parts)
+                + (f"; {_judged(rows)}." if rows else ".")
+            )
+    lines += [
+        f"{e['status'].capitalize()}: {r['name']} {n}: {e.get('reason', '')}"
+        for r in results["cases"]
+        for n, e in r.get("impls", {}).items()
+        if e.get("status") in ("failed", "invalid")
+    ]
     return lines
 
 
 def methods(results: dict) -> list[str]:
     """The timing methods the run used (without their per-case repeat counts)."""
-    return sorted({e["method"].split(";")[0] for r in results["cases"]
-                   for e in r.get("impls", {}).values()
-                   if e.get("status") == "ok" and "method" in e})  # fmt: skip
+    return sorted(
+        {
+            e["method"].split(";")[0]
+            for r in results["cases"]
+            for e in r.get("impls", {}).values()
+            if e.get("status") == "ok" and "method" in e
+        }
+    )
 
 
 def plot(results: dict, path: Path) -> None:
@@ -557,29 +648,38 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    cases = [r for r in results["cases"]
-             if not r.get("skipped") and r["kind"] not in ("simple_add", "host_cost")]  # fmt: skip
+    cases = [
+        r
+        for r in results["cases"]
+        if not r.get("skipped") and r["kind"] not in ("simple_add", "host_cost")
+    ]
     names = [r["name"] for r in cases]
     impl_names = []
     for r in cases:
         for name, e in r["impls"].items():
             if e.get("status") == "ok" and name not in impl_names:
                 impl_names.append(name)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.3 * len(names) + 4), 8),
-                                      sharex=True)  # fmt: skip
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.3 * len(names) + 4), 8), sharex=True)
     xs = range(len(names))
     markers = "os^vD<>pPX*h"
 
     def values(impl, get):
-        return [get(r, r["impls"][impl]) if r["impls"].get(impl, {}).get("status") == "ok"
-                else None for r in cases]  # fmt: skip
+        return [
+            get(r, r["impls"][impl]) if r["impls"].get(impl, {}).get("status") == "ok" else None
+            for r in cases
+        ]
 
     for k, impl in enumerate(impl_names):
         for axis, get in ((top, frac_floor), (bottom, lambda r, e: e["median_us"])):
             pts = [(x, y) for x, y in zip(xs, values(impl, get), strict=True) if y is not None]
             if pts:
-                axis.plot(*zip(*pts, strict=True), markers[k % len(markers)], label=impl,
-                          alpha=0.8, markersize=4)  # fmt: skip
+                axis.plot(
+                    *zip(*pts, strict=True),
+                    markers[k % len(markers)],
+                    label=impl,
+                    alpha=0.8,
+                    markersize=4,
+                )
     top.axhline(1.0, color="k", lw=0.8)
     top.axhline(0.92, color="g", ls="--", lw=0.8, label="target 0.92 (decode ≥ 4k)")
     top.set_ylabel("fraction of read-bandwidth floor")

@@ -68,9 +68,18 @@ def prebuild_flashinfer(config: dict) -> dict | None:
     if reason is not None:
         print(f"FlashInfer {reason}: its rows say so", flush=True)
         return {"unavailable": reason}
-    cmd = [sys.executable, "-m", "benchmarks", "flashinfer", "prebuild",
-           *(["--quick"] if config["quick"] else []), "--cases", *config["patterns"],
-           "--skip-impls", *config["skip_impls"]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "flashinfer",
+        "prebuild",
+        *(["--quick"] if config["quick"] else []),
+        "--cases",
+        *config["patterns"],
+        "--skip-impls",
+        *config["skip_impls"],
+    ]
     cases = workers.cases_for(config)
     print("FlashInfer: loading or JIT-building its kernels for these cases ...", flush=True)
     start = time.time()
@@ -81,36 +90,56 @@ def prebuild_flashinfer(config: dict) -> dict | None:
     lines, status = stream_process(cmd, timeout, stack_signal=signal.SIGUSR1)
     if status is None:  # the modules its shared build finished are whole: load them
         lines += stream_process([*cmd, "--cached-only"], CACHED_PASS_S, signal.SIGUSR1)[0]
-    result = {"seconds": time.time() - start, "exit_status": status,
-              "output_tail": "\n".join(lines)[-2000:]}  # fmt: skip
+    result = {
+        "seconds": time.time() - start,
+        "exit_status": status,
+        "output_tail": "\n".join(lines)[-2000:],
+    }
     if status is None:
         # ready lines name the module by its one-page case: "ready IMPL one_page_of_CASE ..."
-        ready = {tuple(line.split()[1:3]) for line in lines
-                 if line.startswith(flashinfer_peer.READY + " ") and len(line.split()) > 2}  # fmt: skip
-        late = [(impl, small) for impl, small in
-                flashinfer_peer.modules_needed(cases, config["skip_impls"])
-                if (impl, small.name.replace(" ", "_")) not in ready]  # fmt: skip
+        ready = {
+            tuple(line.split()[1:3])
+            for line in lines
+            if line.startswith(flashinfer_peer.READY + " ") and len(line.split()) > 2
+        }
+        late = [
+            (impl, small)
+            for impl, small in flashinfer_peer.modules_needed(cases, config["skip_impls"])
+            if (impl, small.name.replace(" ", "_")) not in ready
+        ]
         keys = {flashinfer_peer.module_key(impl, small) for impl, small in late}
         why = f"its FlashInfer kernels were not built within {timeout:.0f} s (prebuild stopped)"
-        config["left_out"] = {f"{impl}:{case.name}": why for case in cases
-                              for impl in flashinfer_peer.PEERS
-                              if impl not in config["skip_impls"]
-                              and flashinfer_peer.module_key(impl, case) in keys}  # fmt: skip
+        config["left_out"] = {
+            f"{impl}:{case.name}": why
+            for case in cases
+            for impl in flashinfer_peer.PEERS
+            if impl not in config["skip_impls"] and flashinfer_peer.module_key(impl, case) in keys
+        }
         result["left_out"] = [f"{impl} for {small.name}" for impl, small in late]
-        print(f"FlashInfer: prebuild stopped after {timeout:.0f} s; not ready: "
-              f"{', '.join(result['left_out']) or 'none'}", flush=True)  # fmt: skip
+        print(
+            f"FlashInfer: prebuild stopped after {timeout:.0f} s; not ready: "
+            f"{', '.join(result['left_out']) or 'none'}",
+            flush=True,
+        )
     return result
 
 
-def stream_process(cmd: list[str], timeout: float | None,
-                   stack_signal: int | None = None) -> tuple[list[str], int | None]:  # fmt: skip
+def stream_process(
+    cmd: list[str], timeout: float | None, stack_signal: int | None = None
+) -> tuple[list[str], int | None]:
     """Run cmd, printing its output lines as they come; (lines, exit status), status None when
     stopped at the timeout. The process runs in a session of its own, so that stopping it stops
     the compilers it started too (they would otherwise run beside the timings). stack_signal: sent
     first, for a process that then prints its threads' stacks (faulthandler.register)."""
     lines: list[str] = []
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
     def read() -> None:
         for line in proc.stdout:
@@ -143,11 +172,20 @@ def stream_process(cmd: list[str], timeout: float | None,
     return lines, status
 
 
-def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=(),
-                  force_cpu: bool = False, samples: int | None = None,
-                  budget_gb: float = DEFAULT_BUDGET_GB, show_progress: bool = True,
-                  time_limit_s: float | None = None, isolate: bool | None = None,
-                  skip_impls=(), baseline: Path | None = None) -> dict:  # fmt: skip
+def run_benchmark(
+    out_dir: Path | None = None,
+    *,
+    quick: bool = False,
+    patterns=(),
+    force_cpu: bool = False,
+    samples: int | None = None,
+    budget_gb: float = DEFAULT_BUDGET_GB,
+    show_progress: bool = True,
+    time_limit_s: float | None = None,
+    isolate: bool | None = None,
+    skip_impls=(),
+    baseline: Path | None = None,
+) -> dict:
     """Run everything and write the result files; returns the results dict (also in JSON).
 
     isolate (default: on a GPU) runs the cases in worker processes, so that a device-side
@@ -203,6 +241,7 @@ def run_benchmark(out_dir: Path | None = None, *, quick: bool = False, patterns=
     results["wall_s"] = time.time() - start
     write_run(results, out_dir)
     print("\n".join(report.summary(results)), flush=True)
-    print(f"results in {out_dir} after {results['wall_s']:.0f} s (table.md: every number)",
-          flush=True)  # fmt: skip
+    print(
+        f"results in {out_dir} after {results['wall_s']:.0f} s (table.md: every number)", flush=True
+    )
     return results

@@ -266,8 +266,11 @@ def time_jax_slope(
     for _ in range(samples):
         t_short, t_long = wall(short), wall(long)
         out.append(1e6 * (t_long - t_short) / (rounds * chain))
-    return Timing(out, f"jax slope: ({rounds} x {2 * chain}-call programs - {rounds} x "
-                       f"{chain}-call programs) / {rounds * chain} calls, wall time")  # fmt: skip
+    return Timing(
+        out,
+        f"jax slope: ({rounds} x {2 * chain}-call programs - {rounds} x "
+        f"{chain}-call programs) / {rounds * chain} calls, wall time",
+    )
 
 
 def device_trace(run: Callable[[], object], calls: int) -> dict:

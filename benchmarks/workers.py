@@ -63,8 +63,10 @@ def _one_line(record: dict) -> str:
     name, e = best
     if "frac_floor" not in e:  # host cost: µs of host time per call
         return f"{record['name']}: {name} {e['median_us']:.1f} µs per call"
-    return (f"{record['name']}: {name} {e['median_us']:.1f} µs, {e['frac_floor']:.2f} of floor "
-            f"{record['floor_us']:.1f} µs")  # fmt: skip
+    return (
+        f"{record['name']}: {name} {e['median_us']:.1f} µs, {e['frac_floor']:.2f} of floor "
+        f"{record['floor_us']:.1f} µs"
+    )
 
 
 def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bool:
@@ -77,17 +79,30 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
     env = BenchEnv(config["on_gpu"])
     budget = _budget(config)
     planted = os.environ.get(PLANTED_CRASH_ENV, "") if config.get("worker") else ""
-    bar = tqdm(list(enumerate(cases))[start:], desc="cases", unit="case", file=sys.stderr,
-               disable=not config["show_progress"], mininterval=2.0)  # fmt: skip
+    bar = tqdm(
+        list(enumerate(cases))[start:],
+        desc="cases",
+        unit="case",
+        file=sys.stderr,
+        disable=not config["show_progress"],
+        mininterval=2.0,
+    )
     for index, case in bar:
         case_start = time.time()
         deadline = config.get("deadline")
         if deadline is not None and time.time() > deadline:
-            record = {"name": case.name, "kind": case.kind, "params": case.params(),
-                      "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                      "skipped": f"{TIME_LIMIT_SKIP} of {config['time_limit_s']:.0f} s reached"}  # fmt: skip
-        elif config.get("worker") and needs_fresh_process(case, env, skips.get(case.name),
-                                                          skip_impls):  # fmt: skip
+            record = {
+                "name": case.name,
+                "kind": case.kind,
+                "params": case.params(),
+                "bytes": case.bytes_needed(),
+                "flops": case.flops(),
+                "impls": {},
+                "skipped": f"{TIME_LIMIT_SKIP} of {config['time_limit_s']:.0f} s reached",
+            }
+        elif config.get("worker") and needs_fresh_process(
+            case, env, skips.get(case.name), skip_impls
+        ):
             print(f"fresh worker for {case.name}: torchax is loaded in this one", flush=True)
             emit({"event": "fresh_worker", "index": index, "case": case.name})
             bar.close()
@@ -101,10 +116,18 @@ def run_cases(config: dict, ceilings: dict, start: int, skips: dict, emit) -> bo
                 if planted and crash_case in case.name and impl == crash_impl:
                     os._exit(3)
 
-            record = run_case(env, case, ceilings, samples=config["samples"], budget_bytes=budget,
-                              l2_bytes=config["l2_bytes"], progress=bar,
-                              skips=skips.get(case.name), on_impl=on_impl,
-                              skip_impls=skip_impls)  # fmt: skip
+            record = run_case(
+                env,
+                case,
+                ceilings,
+                samples=config["samples"],
+                budget_bytes=budget,
+                l2_bytes=config["l2_bytes"],
+                progress=bar,
+                skips=skips.get(case.name),
+                on_impl=on_impl,
+                skip_impls=skip_impls,
+            )
         took = time.time() - case_start
         print(f"[{index + 1}/{len(cases)}] {_one_line(record)} ({took:.0f} s)", flush=True)
         emit({"event": "case", "index": index, "record": record})
@@ -157,9 +180,17 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
             state = tmp_dir / "state.json"
             events = tmp_dir / f"events{attempt}.jsonl"
             stderr_path = tmp_dir / f"worker{attempt}.err"
-            state.write_text(json.dumps({"config": {**config, "worker": True}, "start": start,
-                                         "skips": skips, "ceilings": ceilings,
-                                         "events": str(events)}))  # fmt: skip
+            state.write_text(
+                json.dumps(
+                    {
+                        "config": {**config, "worker": True},
+                        "start": start,
+                        "skips": skips,
+                        "ceilings": ceilings,
+                        "events": str(events),
+                    }
+                )
+            )
             # a hung worker must not run on: past the deadline (+ grace for the case
             # in flight) it is killed and recorded like a crash
             timeout = None
@@ -203,19 +234,29 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
                 if current is not None:
                     case = cases[current["index"]]
                     records[current["index"]] = {
-                        "name": case.name, "kind": case.kind, "params": case.params(),
-                        "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
+                        "name": case.name,
+                        "kind": case.kind,
+                        "params": case.params(),
+                        "bytes": case.bytes_needed(),
+                        "flops": case.flops(),
+                        "impls": {},
                         "skipped": f"{current['impl']}: {reason}",
-                    }  # fmt: skip
+                    }
                 break
             if current is None:  # died between implementations: give up on the next case
                 index = next((i for i, r in enumerate(records) if r is None), len(cases))
                 if index >= len(cases):
                     break
                 case = cases[index]
-                records[index] = {"name": case.name, "kind": case.kind, "params": case.params(),
-                                  "bytes": case.bytes_needed(), "flops": case.flops(),
-                                  "impls": {}, "skipped": reason}  # fmt: skip
+                records[index] = {
+                    "name": case.name,
+                    "kind": case.kind,
+                    "params": case.params(),
+                    "bytes": case.bytes_needed(),
+                    "flops": case.flops(),
+                    "impls": {},
+                    "skipped": reason,
+                }
                 start = index + 1
             else:
                 skips.setdefault(current["case"], {})[current["impl"]] = reason
@@ -227,18 +268,29 @@ def run_isolated(config: dict) -> tuple[dict, list[dict]]:
             print(f"gave up after {MAX_WORKER_RESTARTS} worker restarts", flush=True)
     done = []
     for case, record in zip(cases, records, strict=True):
-        done.append(record or {"name": case.name, "kind": case.kind, "params": case.params(),
-                               "bytes": case.bytes_needed(), "flops": case.flops(), "impls": {},
-                               "skipped": f"{NOT_REACHED_SKIP} (out of time or worker restarts)"})  # fmt: skip
+        done.append(
+            record
+            or {
+                "name": case.name,
+                "kind": case.kind,
+                "params": case.params(),
+                "bytes": case.bytes_needed(),
+                "flops": case.flops(),
+                "impls": {},
+                "skipped": f"{NOT_REACHED_SKIP} (out of time or worker restarts)",
+            }
+        )
     return ceilings, done
 
 
 def measure_and_announce(config: dict) -> dict:
     print("measuring ceilings (read, copy, matmul) ...", flush=True)
     ceilings = measure_ceilings(config["on_gpu"], config["samples"])
-    print(f"  read {ceilings['read_gbps']:.4g} GB/s, copy {ceilings['copy_gbps']:.4g} GB/s, "
-          f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.4g} TFLOP/s",
-          flush=True)  # fmt: skip
+    print(
+        f"  read {ceilings['read_gbps']:.4g} GB/s, copy {ceilings['copy_gbps']:.4g} GB/s, "
+        f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.4g} TFLOP/s",
+        flush=True,
+    )
     return ceilings
 
 

@@ -100,9 +100,16 @@ class XlaGpuAttention(nn.Module):
         # In place (eager, torch_xla); under torchax's jax.jit the written cache is the output.
         torch.ops.xla_gpu.kv_cache_update(new_kv, slot_mapping, kv_cache)
         attn = torch.ops.xla_gpu.paged_attention(
-            q, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-            self.scale, self.sliding_window, self.soft_cap,
-        )  # fmt: skip
+            q,
+            kv_cache,
+            context_lens,
+            block_tables,
+            query_start_loc,
+            num_seqs,
+            self.scale,
+            self.sliding_window,
+            self.soft_cap,
+        )
         return self.o_proj(attn.reshape(num_tokens, -1)), kv_cache
 
 
@@ -119,8 +126,15 @@ class Step:
     q_lens: list[int]
 
     def args(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (self.hidden_states, kv_cache, self.slot_mapping, self.context_lens,
-                self.block_tables, self.query_start_loc, self.num_seqs)  # fmt: skip
+        return (
+            self.hidden_states,
+            kv_cache,
+            self.slot_mapping,
+            self.context_lens,
+            self.block_tables,
+            self.query_start_loc,
+            self.num_seqs,
+        )
 
 
 @dataclass
@@ -145,8 +159,14 @@ def make_scenario(
 ) -> Scenario:
     """A prefill step over `prompt_lens` prompts, then a decode step with one token each."""
     gen = torch.Generator().manual_seed(seed)
-    module = XlaGpuAttention(hidden_size, num_q_heads, num_kv_heads, head_dim,
-                             sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+    module = XlaGpuAttention(
+        hidden_size,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+    )
     with torch.no_grad():
         for proj in (module.q_proj, module.k_proj, module.v_proj, module.o_proj):
             nn.init.normal_(proj.weight, std=proj.in_features**-0.5, generator=gen)
@@ -188,8 +208,10 @@ def dense_oracle(scenario: Scenario) -> list[torch.Tensor]:
     """Each step's output in float64 from plain causal attention over each sequence's history."""
     module = copy.deepcopy(scenario.module).double()
     hq, hkv, d = module.num_q_heads, module.num_kv_heads, module.head_dim
-    histories: list[torch.Tensor] = [torch.zeros(0, module.q_proj.in_features, dtype=torch.float64)
-                                     for _ in scenario.steps[0].q_lens]  # fmt: skip
+    histories: list[torch.Tensor] = [
+        torch.zeros(0, module.q_proj.in_features, dtype=torch.float64)
+        for _ in scenario.steps[0].q_lens
+    ]
     outputs = []
     with torch.no_grad():
         for step in scenario.steps:
@@ -354,8 +376,13 @@ def run_torchax(scenario: Scenario) -> ModeResult:
             out, kv_cache = step_fn(states, args)
         outputs.append(jax_to_torch(out))
     device = kv_cache.devices().pop()
-    return ModeResult("torchax", f"jax {device.platform}: {device.device_kind}", outputs,
-                      jax_to_torch(kv_cache), notes)  # fmt: skip
+    return ModeResult(
+        "torchax",
+        f"jax {device.platform}: {device.device_kind}",
+        outputs,
+        jax_to_torch(kv_cache),
+        notes,
+    )
 
 
 def jax_to_torch(array) -> torch.Tensor:
@@ -394,10 +421,12 @@ class Report:
 
     @property
     def failures(self) -> list[str]:
-        return [f"{mode}: {column} rel L2 {err:.2e} > {self.tolerance:.0e}"
-                for mode, columns in self.errors.items() for column, err in columns.items()
-                if not err <= self.tolerance] + [
-                f"{mode}: crashed: {why}" for mode, why in self.crashed.items()]  # fmt: skip
+        return [
+            f"{mode}: {column} rel L2 {err:.2e} > {self.tolerance:.0e}"
+            for mode, columns in self.errors.items()
+            for column, err in columns.items()
+            if not err <= self.tolerance
+        ] + [f"{mode}: crashed: {why}" for mode, why in self.crashed.items()]
 
     def table(self) -> str:
         columns = list(next(iter(self.errors.values())))
@@ -459,11 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "all" and (why := unavailable_reason(args.mode)):
         parser.error(f"--mode {args.mode} is not available here: {why}")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    scenario = make_scenario(DTYPES[args.dtype], seed, sliding_window=args.sliding_window,
-                             soft_cap=args.soft_cap)  # fmt: skip
+    scenario = make_scenario(
+        DTYPES[args.dtype], seed, sliding_window=args.sliding_window, soft_cap=args.soft_cap
+    )
     report = run(modes, scenario)
-    print(f"xla_gpu_ops {xla_gpu_ops.__version__}, dtype {args.dtype}, seed {seed}, "
-          f"steps: {', '.join(f'{s.name} ({sum(s.q_lens)} tokens)' for s in scenario.steps)}")  # fmt: skip
+    print(
+        f"xla_gpu_ops {xla_gpu_ops.__version__}, dtype {args.dtype}, seed {seed}, "
+        f"steps: {', '.join(f'{s.name} ({sum(s.q_lens)} tokens)' for s in scenario.steps)}"
+    )
     for result in report.results.values():
         for note in result.notes:
             print(f"[{result.mode}] {note}")

@@ -55,8 +55,12 @@ def test_a_name_does_not_pick_a_variant_with_its_plain_row():
 
 def test_fp8_rows_mirror_the_16_bit_ones():
     full = _by_name(all_cases(quick=False))
-    for name in ("decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16",
-                 "prefill_B1_len8k_h32-8_d128_p16", "mixed_4prefill_60decode_h32-8_d128_p16"):  # fmt: skip
+    for name in (
+        "decode_B32_ctx4k_h32-8_d128_p16",
+        "prefill_B8_len2k_h32-8_d128_p16",
+        "prefill_B1_len8k_h32-8_d128_p16",
+        "mixed_4prefill_60decode_h32-8_d128_p16",
+    ):
         wide, fp8 = full[name], full[name.replace("_p16", "_fp8_p16")]
         assert (
             dataclasses.replace(wide, name=fp8.name, kv_dtype=FP8, slow_peers=fp8.slow_peers) == fp8
@@ -106,12 +110,21 @@ def test_a_window_cuts_the_bytes_and_the_flops_of_what_it_hides():
     # FLOPs: every (query, key) pair the mask keeps, counted one by one on small sequences
     for q_len, ctx, w in ((5, 5, 3), (7, 20, 4), (1, 9, 16), (6, 6, 6), (3, 10, None)):
         case = Case("c", "mixed", ((q_len, ctx),), 2, 1, 16, sliding_window=w)
-        pairs = sum(1 for r in range(q_len) for k in range(ctx)
-                    if k <= ctx - q_len + r and (w is None or k > ctx - q_len + r - w))  # fmt: skip
+        pairs = sum(
+            1
+            for r in range(q_len)
+            for k in range(ctx)
+            if k <= ctx - q_len + r and (w is None or k > ctx - q_len + r - w)
+        )
         assert case.flops() == 4 * pairs * 2 * 16, (q_len, ctx, w)
-        assert case.visible_keys(q_len, ctx) == len({k for r in range(q_len) for k in range(ctx)
-                                                     if k <= ctx - q_len + r
-                                                     and (w is None or k > ctx - q_len + r - w)})  # fmt: skip
+        assert case.visible_keys(q_len, ctx) == len(
+            {
+                k
+                for r in range(q_len)
+                for k in range(ctx)
+                if k <= ctx - q_len + r and (w is None or k > ctx - q_len + r - w)
+            }
+        )
     # the decode floor target follows the keys read, not the context
     record = {"params": {**decode_window.params(), "context_max": 4096}}
     assert report.decode_target(record) == 0.75
@@ -132,8 +145,12 @@ def test_variant_inputs_and_what_ours_is_given():
     assert torch.equal(back.view(torch.uint8), first["kv_cache"].view(torch.uint8))
     assert torch.equal(exact["kv_cache"], dequantise_kv(first["kv_cache"], torch.bfloat16))
     assert "sinks" not in first
-    assert op_attributes(fp8) == {"scale": 64**-0.5, "sliding_window": None, "k_scale": K_SCALE,
-                                  "v_scale": V_SCALE}  # fmt: skip
+    assert op_attributes(fp8) == {
+        "scale": 64**-0.5,
+        "sliding_window": None,
+        "k_scale": K_SCALE,
+        "v_scale": V_SCALE,
+    }
     sinks = mixed_case((4, 2), 64, sinks=True, sliding_window=8)
     sinks = dataclasses.replace(sinks, seqs=((9, 9), (1, 30)))
     inputs = build_inputs(sinks, "cpu", seed=1)
@@ -144,8 +161,15 @@ def test_variant_inputs_and_what_ours_is_given():
     assert again["sinks"] is inputs["sinks"]  # one set of sinks for every copy
     assert inputs["kv_cache"].dtype == torch.bfloat16
     assert op_attributes(sinks) == {"scale": 64**-0.5, "sliding_window": 8}
-    assert list(op_operands(inputs)) == ["query", "kv_cache", "context_lens", "block_tables",
-                                         "query_start_loc", "num_seqs", "sinks"]  # fmt: skip
+    assert list(op_operands(inputs)) == [
+        "query",
+        "kv_cache",
+        "context_lens",
+        "block_tables",
+        "query_start_loc",
+        "num_seqs",
+        "sinks",
+    ]
     assert "sinks" not in op_operands(first)
 
 
@@ -174,7 +198,10 @@ def test_peers_say_why_they_do_not_take_a_variant():
 
 def test_flashinfer_peers_and_their_modules():
     assert [s.name for s in peers.IMPLS if s.name.startswith("flashinfer")] == [
-        "flashinfer_decode", "flashinfer_xqa", "flashinfer_prefill"]  # fmt: skip
+        "flashinfer_decode",
+        "flashinfer_xqa",
+        "flashinfer_prefill",
+    ]
     window, plain = gpt_oss_cases(GPT_OSS_WINDOW)[0], gpt_oss_cases(None)[0]
     # ours: keys p > pos - w are visible, w of them; FlashInfer: pos - p <= window_left
     assert flashinfer_peer.window_left(window) == GPT_OSS_WINDOW - 1
@@ -192,8 +219,10 @@ def test_flashinfer_peers_and_their_modules():
         assert flashinfer_peer.module_key(impl, small) == flashinfer_peer.module_key(impl, source)
     assert not flashinfer_peer.modules_needed(all_cases(quick=True), set(flashinfer_peer.PEERS))
     # each fp8 row and each sink / window variant has its module
-    keys = {flashinfer_peer.module_key(i, s) for i, s in flashinfer_peer.modules_needed(
-        all_cases(quick=False))}  # fmt: skip
+    keys = {
+        flashinfer_peer.module_key(i, s)
+        for i, s in flashinfer_peer.modules_needed(all_cases(quick=False))
+    }
     for impl in flashinfer_peer.PEERS:
         for case in (*fp8_cases(), *gpt_oss_cases(None), *gpt_oss_cases(GPT_OSS_WINDOW)):
             key = flashinfer_peer.module_key(impl, case)
@@ -205,10 +234,12 @@ def test_xqa_takes_every_decode_row_and_says_what_it_cannot():
         if case.kind == "decode":
             assert flashinfer_peer.xqa_unsupported(case) is None, case.name
     anchor = decode_case(32, 4096, (32, 8))
-    for change, words in (({"dtype": "float32"}, "float16 or bfloat16 queries"),
-                          ({"page_size": 8}, "pages of 16 / 32 / 64 / 128 tokens, not 8"),
-                          ({"head_dim": 72}, "multiple of 16 up to 256, not 72"),
-                          ({"head_dim": 512}, "not 512")):  # fmt: skip
+    for change, words in (
+        ({"dtype": "float32"}, "float16 or bfloat16 queries"),
+        ({"page_size": 8}, "pages of 16 / 32 / 64 / 128 tokens, not 8"),
+        ({"head_dim": 72}, "multiple of 16 up to 256, not 72"),
+        ({"head_dim": 512}, "not 512"),
+    ):
         case = dataclasses.replace(anchor, **change)
         assert words in flashinfer_peer.xqa_unsupported(case)
         assert flashinfer_peer.module_key("flashinfer_xqa", case) is None
@@ -225,8 +256,9 @@ def test_xqa_on_an_fp8_cache_is_checked_with_its_own_tolerance():
     outputs = {"xgo_torch": ours, "flashinfer_decode": ours, "flashinfer_xqa": theirs}
     record = {"impls": {name: {"status": "ok"} for name in outputs}}
     for case, verdict in ((fp8, "ok"), (wide, "MISMATCH")):
-        cross = case_runner.cross_check(record, outputs, lambda peer, case=case:
-                                        case_runner._tolerance(case, peer))  # fmt: skip
+        cross = case_runner.cross_check(
+            record, outputs, lambda peer, case=case: case_runner._tolerance(case, peer)
+        )
         assert cross["against"]["flashinfer_xqa"]["check"] == verdict
         assert cross["against"]["flashinfer_decode"]["check"] == "ok"
     text = report._cross_text({"cross_check": cross})
@@ -289,8 +321,12 @@ def test_flashinfer_calls_for_the_fp8_cache(fake_flashinfer):
     _, kwargs = called["BatchDecodeWithPagedKVCacheWrapper"]
     assert kwargs == {"use_tensor_cores": True}
     _, plan = called["plan"]
-    assert plan == {"q_data_type": torch.bfloat16, "kv_data_type": torch.float8_e4m3fn,
-                    "sm_scale": scale, "window_left": -1}  # fmt: skip
+    assert plan == {
+        "q_data_type": torch.bfloat16,
+        "kv_data_type": torch.float8_e4m3fn,
+        "sm_scale": scale,
+        "window_left": -1,
+    }
     (_, (k, _)), run = called["run"]
     assert run["k_scale"] == K_SCALE
     assert run["v_scale"] == V_SCALE
@@ -322,13 +358,20 @@ def test_flashinfer_calls_for_gpt_oss(fake_flashinfer):
     decode, prefill, _ = gpt_oss_cases(GPT_OSS_WINDOW)
     decode = dataclasses.replace(decode, seqs=((1, 300),) * 2)  # small, longer than the window
     prefill = dataclasses.replace(prefill, seqs=((200, 200),) * 2)
-    for impl, case, backend in (("flashinfer_decode", decode, "fa2"),
-                                ("flashinfer_prefill", prefill, "fa3")):  # fmt: skip
+    for impl, case, backend in (
+        ("flashinfer_decode", decode, "fa2"),
+        ("flashinfer_prefill", prefill, "fa3"),
+    ):
         called, inputs = _called(fake_flashinfer, impl, case)
         _, made = called["BatchAttentionWithAttentionSinkWrapper"]  # the sink variant
-        assert made == {"backend": backend, "q_data_type": torch.bfloat16,
-                        "kv_data_type": torch.bfloat16, "head_dim_qk": 64, "head_dim_vo": 64,
-                        "window_left": GPT_OSS_WINDOW - 1}  # fmt: skip
+        assert made == {
+            "backend": backend,
+            "q_data_type": torch.bfloat16,
+            "kv_data_type": torch.bfloat16,
+            "head_dim_qk": 64,
+            "head_dim_vo": 64,
+            "window_left": GPT_OSS_WINDOW - 1,
+        }
         assert called["plan"][1]["window_left"] == GPT_OSS_WINDOW - 1
         (_, _, sinks, scale), run = called["run"]
         assert sinks is inputs["sinks"]

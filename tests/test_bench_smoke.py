@@ -141,8 +141,11 @@ def test_smoke_checks_ours_against_sdpa_and_flashinfer(smoke):
         else:
             assert [v["check"] for v in sdpa.values()] == ["ok"], (case["name"], cross)
         flashinfer = {k: v for k, v in cross["against"].items() if k.startswith("flashinfer")}
-        peers_of_kind = {"flashinfer_decode", "flashinfer_xqa"} if case["kind"] == "decode" else {
-            "flashinfer_prefill"}  # fmt: skip
+        peers_of_kind = (
+            {"flashinfer_decode", "flashinfer_xqa"}
+            if case["kind"] == "decode"
+            else {"flashinfer_prefill"}
+        )
         assert set(flashinfer) == peers_of_kind, (case["name"], cross)
         for fi in flashinfer.values():
             assert fi["check"] == "not run", (case["name"], fi)
@@ -194,8 +197,11 @@ def test_a_smoke_run_is_not_published(smoke, tmp_path):
 
 def test_runs_write_into_git_ignored_folders():
     assert run.SMOKE_DIR.relative_to(run.ROOT).as_posix() == "artifacts/bench-smoke"
-    env = {"date_utc": "2026-11-23T00:00:00Z", "git_commit": "0123456789ab+dirty",
-           "gpu": {"name": "NVIDIA H100 80GB HBM3"}}  # fmt: skip
+    env = {
+        "date_utc": "2026-11-23T00:00:00Z",
+        "git_commit": "0123456789ab+dirty",
+        "gpu": {"name": "NVIDIA H100 80GB HBM3"},
+    }
     assert environment.run_name(env) == "2026-11-23-nvidia-h100-80gb-hbm3-0123456"
     if not (run.ROOT / ".git").exists():
         pytest.skip("no git checkout")
@@ -263,8 +269,21 @@ def test_isolated_run_survives_a_dying_worker(tmp_path):
         "JAX_PLATFORMS": "cpu",
         workers.PLANTED_CRASH_ENV: "smoke_simple_add:reference",
     }
-    cmd = [sys.executable, "-m", "benchmarks", "run", "--cpu", "--isolate", "--no-progress",
-           "--samples", "2", "--cases", "smoke_simple_add", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "run",
+        "--cpu",
+        "--isolate",
+        "--no-progress",
+        "--samples",
+        "2",
+        "--cases",
+        "smoke_simple_add",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "restarting at smoke_simple_add_4k without reference" in proc.stdout
@@ -388,9 +407,22 @@ def test_isolated_run_moves_flex_to_a_fresh_worker(tmp_path):
 
     pytest.importorskip("torchax", reason="needs torchax")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", peers.FORCE_CLEAN_TORCH_ENV: "1"}
-    cmd = [sys.executable, "-m", "benchmarks", "run", "--cpu", "--isolate", "--no-progress",
-           "--samples", "2", "--cases", "smoke_simple_add", "smoke_decode_B4_ctx100_h4-2_d64_p16",
-           "--out", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "run",
+        "--cpu",
+        "--isolate",
+        "--no-progress",
+        "--samples",
+        "2",
+        "--cases",
+        "smoke_simple_add",
+        "smoke_decode_B4_ctx100_h4-2_d64_p16",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "fresh worker for smoke_decode" in proc.stdout
@@ -457,8 +489,11 @@ def test_flashinfer_kv_views_are_our_even_and_odd_heads():
 
 def test_flashinfer_absent_is_reported_not_raised(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "flashinfer" else real(name, *a))  # fmt: skip
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "flashinfer" else real(name, *a),
+    )
     assert flashinfer_peer.unavailable().startswith("not installed")
     case = decode_case(1, 32, (4, 2), head_dim=64)
     with pytest.raises(peers.NotApplicable, match="not installed"):
@@ -495,11 +530,13 @@ def test_a_stopped_prebuild_stops_its_compilers_and_keeps_its_lines(tmp_path):
     lines, status = run.stream_process([sys.executable, "-c", "print('a'); print('b')"], None)
     assert (lines, status) == (["a", "b"], 0)
     # asked for its stacks before the stop, a process that registered for them prints them
-    script = ("import faulthandler, signal, time\n"
-              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
-              "print('waiting', flush=True)\n"
-              "def wait_here():\n    time.sleep(60)\n"
-              "wait_here()\n")  # fmt: skip
+    script = (
+        "import faulthandler, signal, time\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "print('waiting', flush=True)\n"
+        "def wait_here():\n    time.sleep(60)\n"
+        "wait_here()\n"
+    )
     lines, status = run.stream_process([sys.executable, "-c", script], 3.0, signal.SIGUSR1)
     assert status is None
     assert lines[0] == "waiting"
@@ -511,10 +548,18 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
     what the stopped build linked; a peer sits out the cases whose module is still not ready
     (recorded as skipped, with the reason) and runs the others; ours runs on all."""
     monkeypatch.setattr(flashinfer_peer, "unavailable", lambda: None)
-    anchor, bf16, fp8 = ("decode_B32_ctx4k_h32-8_d128_p16", "prefill_B8_len2k_h32-8_d128_p16",
-                         "prefill_B8_len2k_h32-8_d128_fp8_p16")  # fmt: skip
-    config = {"quick": False, "on_gpu": True, "skip_impls": [], "deadline": time.time() + 100,
-              "patterns": [anchor, bf16, fp8]}  # fmt: skip
+    anchor, bf16, fp8 = (
+        "decode_B32_ctx4k_h32-8_d128_p16",
+        "prefill_B8_len2k_h32-8_d128_p16",
+        "prefill_B8_len2k_h32-8_d128_fp8_p16",
+    )
+    config = {
+        "quick": False,
+        "on_gpu": True,
+        "skip_impls": [],
+        "deadline": time.time() + 100,
+        "patterns": [anchor, bf16, fp8],
+    }
     seen = {"cached_lines": [f"ready flashinfer_prefill one_page_of_{fp8} 1 s"]}
 
     def stopped(cmd, timeout, stack_signal=None):
@@ -529,8 +574,10 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
     assert 45 < seen["timeout"] <= 50  # half of what is left
     assert seen["signal"] == signal.SIGUSR1  # its stacks first
     assert seen["cached_pass"] == run.CACHED_PASS_S
-    assert sorted(result["left_out"]) == [f"flashinfer_decode for one page of {anchor}",
-                                          f"flashinfer_prefill for one page of {bf16}"]  # fmt: skip
+    assert sorted(result["left_out"]) == [
+        f"flashinfer_decode for one page of {anchor}",
+        f"flashinfer_prefill for one page of {bf16}",
+    ]
     reasons = workers.left_out(config)
     assert set(reasons) == {f"flashinfer_decode:{anchor}", f"flashinfer_prefill:{bf16}"}
     assert "not built within" in reasons[f"flashinfer_prefill:{bf16}"]
@@ -539,7 +586,9 @@ def test_peers_without_their_kernels_sit_out_the_run(monkeypatch):
     case = {c.name: c for c in select_cases(all_cases(False), config["patterns"])}
     skip = case_runner._skip_reason
     assert skip(spec["flashinfer_prefill"], case[bf16], env, None, reasons) == (
-        "skipped", reasons[f"flashinfer_prefill:{bf16}"])  # fmt: skip
+        "skipped",
+        reasons[f"flashinfer_prefill:{bf16}"],
+    )
     assert skip(spec["flashinfer_prefill"], case[fp8], env, None, reasons) is None
     assert skip(spec["flashinfer_xqa"], case[anchor], env, None, reasons) is None
     assert skip(spec["xgo_torch"], case[bf16], env, None, reasons) is None
@@ -591,8 +640,11 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
         cached.add(specs[0].name.removeprefix("module of "))
         return [specs[0].name]
 
-    monkeypatch.setattr(flashinfer_peer, "PEERS", {
-        impl: (kinds, prepare(impl)) for impl, (kinds, _) in flashinfer_peer.PEERS.items()})  # fmt: skip
+    monkeypatch.setattr(
+        flashinfer_peer,
+        "PEERS",
+        {impl: (kinds, prepare(impl)) for impl, (kinds, _) in flashinfer_peer.PEERS.items()},
+    )
     monkeypatch.setattr(flashinfer_peer, "BenchEnv", lambda on_gpu: peers.BenchEnv(False))
     monkeypatch.setattr(flashinfer_peer, "build_inputs", lambda *a, **k: {})
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -602,10 +654,12 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
         monkeypatch.delenv(name)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(flashinfer_peer, "_build_together", build_together)
-    modules = [("flashinfer_xqa", decode_case(32, 64, (4, 1))),
-               ("flashinfer_decode", decode_case(8, 64, (4, 1))),
-               ("flashinfer_xqa", decode_case(8, 64, (4, 2))),
-               ("flashinfer_prefill", mixed_case())]  # fmt: skip
+    modules = [
+        ("flashinfer_xqa", decode_case(32, 64, (4, 1))),
+        ("flashinfer_decode", decode_case(8, 64, (4, 1))),
+        ("flashinfer_xqa", decode_case(8, 64, (4, 2))),
+        ("flashinfer_prefill", mixed_case()),
+    ]
     result = flashinfer_peer.prebuild(modules)
     assert result["ready"] == 3
     assert result["built"] == 2
@@ -616,7 +670,8 @@ def test_prebuild_loads_the_cached_modules_then_builds_the_rest(monkeypatch, cap
     assert calls[:4] == [(impl, case.name, True) for impl, case in modules]  # in turn, no JIT
     # the two missing ones again without JIT: the first loads; the second builds on its own
     assert calls[4:] == [(impl, case.name, True) for impl, case in modules[1:3]] + [
-        (modules[2][0], modules[2][1].name, False)]  # fmt: skip
+        (modules[2][0], modules[2][1].name, False)
+    ]
     assert "FLASHINFER_DISABLE_JIT" not in os.environ
     out = capsys.readouterr().out
     assert out.count("to build: ") == 3  # the second one twice
@@ -718,30 +773,57 @@ def _entry(us, **extra):
 
 
 def _gpu_results(device="NVIDIA H200", baseline_device="NVIDIA H200", ours_prefill=900.0):
-    decode = {"name": "decode_B1_ctx64k_h32-8_d128_p16", "kind": "decode", "floor_us": 60.0,
-              "params": {"head_dim": 128, "batch": 1, "context_max": 65536},
-              "impls": {"xgo_torch": _entry(64.0, role="ours", frac_floor=60 / 64),
-                        "flashinfer_decode": _entry(66.0)}}  # fmt: skip
-    prefill = {"name": "prefill_B1_len8k_h32-8_d128_p16", "kind": "prefill", "floor_us": 40.0,
-               "params": {"head_dim": 128, "batch": 1, "context_max": 8192},
-               "impls": {"xgo_torch": _entry(ours_prefill, role="ours", frac_floor=0.04),
-                         "torch_sdpa_contiguous": _entry(850.0),
-                         "flashinfer_prefill": _entry(1000.0)}}  # fmt: skip
-    host = {"name": "host_cost_decode_B1_ctx256_h32-8_d128_p16", "kind": "host_cost",
-            "impls": {"xgo_op": _entry(30.0, role="ours"), "xgo_wrapper": _entry(20.0, role="ours")}}  # fmt: skip
-    results = {"env": {"gpu": {"name": device}, "git_commit": "abc", "date_utc": "2026-11-23T00:00:00Z"},
-               "ceilings": {"read_gbps": 4000.0}, "cases": [decode, prefill, host],
-               "baseline": {"device": baseline_device, "commit": "7411aa3",
-                            "rows": {decode["name"]: {"impl": "xgo_torch", "median_us": 71.0},
-                                     prefill["name"]: {"impl": "xgo_torch", "median_us": 800.0}}}}  # fmt: skip
+    decode = {
+        "name": "decode_B1_ctx64k_h32-8_d128_p16",
+        "kind": "decode",
+        "floor_us": 60.0,
+        "params": {"head_dim": 128, "batch": 1, "context_max": 65536},
+        "impls": {
+            "xgo_torch": _entry(64.0, role="ours", frac_floor=60 / 64),
+            "flashinfer_decode": _entry(66.0),
+        },
+    }
+    prefill = {
+        "name": "prefill_B1_len8k_h32-8_d128_p16",
+        "kind": "prefill",
+        "floor_us": 40.0,
+        "params": {"head_dim": 128, "batch": 1, "context_max": 8192},
+        "impls": {
+            "xgo_torch": _entry(ours_prefill, role="ours", frac_floor=0.04),
+            "torch_sdpa_contiguous": _entry(850.0),
+            "flashinfer_prefill": _entry(1000.0),
+        },
+    }
+    host = {
+        "name": "host_cost_decode_B1_ctx256_h32-8_d128_p16",
+        "kind": "host_cost",
+        "impls": {"xgo_op": _entry(30.0, role="ours"), "xgo_wrapper": _entry(20.0, role="ours")},
+    }
+    results = {
+        "env": {"gpu": {"name": device}, "git_commit": "abc", "date_utc": "2026-11-23T00:00:00Z"},
+        "ceilings": {"read_gbps": 4000.0},
+        "cases": [decode, prefill, host],
+        "baseline": {
+            "device": baseline_device,
+            "commit": "7411aa3",
+            "rows": {
+                decode["name"]: {"impl": "xgo_torch", "median_us": 71.0},
+                prefill["name"]: {"impl": "xgo_torch", "median_us": 800.0},
+            },
+        },
+    }
     results["verdicts"] = report.verdicts(results)
     return results
 
 
 def _verdict(results, case_prefix, target_word):
-    return next(v["verdict"] for v in results["verdicts"]
-                if v["case"].startswith(case_prefix) and target_word in v["target"]
-                and (v.get("impl") != "xgo_wrapper" or case_prefix != "host"))  # fmt: skip
+    return next(
+        v["verdict"]
+        for v in results["verdicts"]
+        if v["case"].startswith(case_prefix)
+        and target_word in v["target"]
+        and (v.get("impl") != "xgo_wrapper" or case_prefix != "host")
+    )
 
 
 def test_verdicts_judge_each_target():
@@ -783,10 +865,16 @@ def test_verdicts_hold_xqa_and_the_fp8_cache_against_its_bf16_twin():
     results = _gpu_results()
     decode, prefill = results["cases"][:2]
     decode["impls"]["flashinfer_xqa"] = _entry(63.0)
-    fp8_decode = {**decode, "name": decode["name"].replace("_d128", "_d128_fp8"),
-                  "impls": {"xgo_torch": _entry(40.0, role="ours", median_us_repeat=41.0)}}  # fmt: skip
-    fp8_prefill = {**prefill, "name": prefill["name"].replace("_d128", "_d128_fp8"),
-                   "impls": {"xgo_torch": _entry(980.0, role="ours")}}  # fmt: skip
+    fp8_decode = {
+        **decode,
+        "name": decode["name"].replace("_d128", "_d128_fp8"),
+        "impls": {"xgo_torch": _entry(40.0, role="ours", median_us_repeat=41.0)},
+    }
+    fp8_prefill = {
+        **prefill,
+        "name": prefill["name"].replace("_d128", "_d128_fp8"),
+        "impls": {"xgo_torch": _entry(980.0, role="ours")},
+    }
     results["cases"] += [fp8_decode, fp8_prefill]
     results["verdicts"] = report.verdicts(results)
     assert _verdict(results, "decode_B1_ctx64k_h32-8_d128_p16", "XQA").startswith(
@@ -828,8 +916,11 @@ def test_a_timing_faster_than_the_bytes_floor_is_invalid():
     fast_again = {**fine, "median_us_repeat": 26.7}  # the second timing is judged too
     assert "18.3x faster" in case_runner._impossible(record, fast_again)
     results = _gpu_results()
-    results["cases"][0]["impls"]["flashinfer_xqa"] = {"role": "peer", "status": "invalid",
-                                                      "reason": "too fast"}  # fmt: skip
+    results["cases"][0]["impls"]["flashinfer_xqa"] = {
+        "role": "peer",
+        "status": "invalid",
+        "reason": "too fast",
+    }
     lines = report.summary(results)
     assert "Invalid: decode_B1_ctx64k_h32-8_d128_p16 flashinfer_xqa: too fast" in lines
     assert "no XQA number (too fast)" in _verdict(
@@ -852,8 +943,14 @@ def test_record_comparison_needs_the_same_device():
 
 def _complete(results):
     """The rest of what a run's results hold (ceilings, methods): enough for its table."""
-    results["ceilings"].update(copy_gbps=4000.0, matmul_tflops=700.0, matmul_dtype="bfloat16",
-                               read_method="r", copy_method="c", matmul_method="m")  # fmt: skip
+    results["ceilings"].update(
+        copy_gbps=4000.0,
+        matmul_tflops=700.0,
+        matmul_dtype="bfloat16",
+        read_method="r",
+        copy_method="c",
+        matmul_method="m",
+    )
     for case in results["cases"]:
         for entry in case["impls"].values():
             entry.update(method="torch CUDA-graph replay, CUDA events; 8 calls", samples=25)
@@ -863,9 +960,17 @@ def _complete(results):
 def _gpu_run(tmp_path, name="run", device="NVIDIA H200", **env):
     """A made-up GPU run's folder, as `run` writes it."""
     results = _complete(_gpu_results(device=device))
-    results["env"].update({"git_commit": "0123456789abcdef", "torch": "2.11", "jax": "0.11.2",
-                           "mode": "full", "host": "a host",
-                           "library": {"path": "/a/local/path.so", "sha256": "f8fc"}, **env})  # fmt: skip
+    results["env"].update(
+        {
+            "git_commit": "0123456789abcdef",
+            "torch": "2.11",
+            "jax": "0.11.2",
+            "mode": "full",
+            "host": "a host",
+            "library": {"path": "/a/local/path.so", "sha256": "f8fc"},
+            **env,
+        }
+    )
     results["config"] = {"quick": False, "samples": 25, "log_path": "/a/local/workers.log"}
     results["baseline"]["path"] = "/a/local/results.json"
     run_dir = tmp_path / name
@@ -916,15 +1021,21 @@ def test_publish_keeps_one_record_per_gpu_kind(tmp_path):
     record.publish(h100, results_dir)
     record.publish(newer, results_dir)  # replaces the H200 record, keeps the H100 one
     assert sorted(p.name for p in results_dir.iterdir()) == [
-        "RESULTS.md", "nvidia-h100-80gb-hbm3", "nvidia-h200"]  # fmt: skip
+        "RESULTS.md",
+        "nvidia-h100-80gb-hbm3",
+        "nvidia-h200",
+    ]
     assert sorted(p.name for p in (results_dir / "nvidia-h200").iterdir()) == sorted(
         record.RECORD_FILES
     )
     assert report.load(results_dir / "nvidia-h200" / "results.json")["env"]["git_commit"] == (
         "fedcba9876543210"
     )
-    rows = [line for line in (results_dir / "RESULTS.md").read_text().splitlines()
-            if line.startswith("| NVIDIA")]  # fmt: skip
+    rows = [
+        line
+        for line in (results_dir / "RESULTS.md").read_text().splitlines()
+        if line.startswith("| NVIDIA")
+    ]
     assert [row.split(" | ")[2] for row in rows] == ["0123456", "fedcba9"]
     # a run compares itself with the record of its own GPU kind
     env = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}
@@ -967,8 +1078,11 @@ def test_publish_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_pat
     first_dir, first = _gpu_run(tmp_path, "run")
     fill_dir, second = _gpu_run(tmp_path, "fill")
     prefill = first["cases"][1]
-    first["cases"][1] = {**{k: prefill[k] for k in ("name", "kind", "params")}, "impls": {},
-                         "skipped": "time limit of 410 s reached"}  # fmt: skip
+    first["cases"][1] = {
+        **{k: prefill[k] for k in ("name", "kind", "params")},
+        "impls": {},
+        "skipped": "time limit of 410 s reached",
+    }
     first["cases"][2]["skipped"] = "KV cache 137.4 GB exceeds the memory budget"
     assert _verdict({**first, "verdicts": report.verdicts(first)}, "prefill", "-").startswith(
         "skipped: time limit"
@@ -977,13 +1091,22 @@ def test_publish_fills_cases_skipped_at_the_time_limit_from_a_second_run(tmp_pat
     second["cases"][0]["skipped"] = "time limit of 100 s reached"
     (first_dir / "results.json").write_text(json.dumps(first))
     (fill_dir / "results.json").write_text(json.dumps(second))
-    argv = ["publish", str(first_dir), "--fill-skipped", str(fill_dir), "--results-dir",
-            str(results_dir)]  # fmt: skip
+    argv = [
+        "publish",
+        str(first_dir),
+        "--fill-skipped",
+        str(fill_dir),
+        "--results-dir",
+        str(results_dir),
+    ]
     assert cli.main(argv) == 0
     dest = results_dir / "nvidia-h200"
     joined = report.load(dest / "results.json")
     assert [c.get("filled_from", {}).get("date_utc") for c in joined["cases"]] == [
-        None, "2026-11-23T01:00:00Z", None]  # fmt: skip
+        None,
+        "2026-11-23T01:00:00Z",
+        None,
+    ]
     assert joined["cases"][2]["skipped"].startswith("KV cache")  # not a time-limit skip: kept
     assert _verdict(
         {**joined, "verdicts": report.verdicts(joined)}, "prefill", "FlashInfer"
@@ -1065,8 +1188,10 @@ def test_prefill_probe_checks_sampled_rows_against_float32():
     from benchmarks import probes
     from benchmarks.cases import Case
 
-    for case in (Case("prefill_B2_len300_h4-2_d64_p16", "prefill", ((300, 300),) * 2, 4, 2, 64),
-                 Case("mixed_h4-2_d64_p16", "mixed", ((17, 40), (1, 50), (70, 70)), 4, 2, 64)):  # fmt: skip
+    for case in (
+        Case("prefill_B2_len300_h4-2_d64_p16", "prefill", ((300, 300),) * 2, 4, 2, 64),
+        Case("mixed_h4-2_d64_p16", "mixed", ((17, 40), (1, 50), (70, 70)), 4, 2, 64),
+    ):
         copies = probes._copies(case, device="cpu")
         out = probes._calls(case, copies)[0]()
         assert probes._errors(copies[0], case, {"ours": out})["ours"] < 1e-2, case.name
@@ -1083,8 +1208,10 @@ def test_library_ab_reads_the_probe_rows_and_other_patterns():
     from benchmarks import library_ab, probes
 
     decode = probes.decode_row("decode_B32_ctx4k_h32-8_d128_p16-inorder", 184.1, 185.0, 173.1)
-    prefill = ("| prefill_B8_len2k_h32-8_d128_p16 | 556.6 | 700.1 | 504.6 | 494 | 1.258 | 0.907 | - "
-               "| 2.0e-03 / 2.1e-03 / 1.0e-03 |")  # fmt: skip
+    prefill = (
+        "| prefill_B8_len2k_h32-8_d128_p16 | 556.6 | 700.1 | 504.6 | 494 | 1.258 | 0.907 | - "
+        "| 2.0e-03 / 2.1e-03 / 1.0e-03 |"
+    )
     assert library_ab.parse_times(f"{decode}\n{prefill}") == {
         "decode_B32_ctx4k_h32-8_d128_p16-inorder": 184.1,
         "prefill_B8_len2k_h32-8_d128_p16": 556.6,

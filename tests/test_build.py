@@ -53,8 +53,10 @@ def locked_pins(lock: Path) -> dict[str, str]:
 def test_second_build_rebuilds_nothing():
     dry_run = subprocess.run(
         [ninja(), "-C", str(build_dir()), "-n", "-d", "explain"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "no work to do" in dry_run.stdout, dry_run.stdout + dry_run.stderr
 
 
@@ -101,8 +103,12 @@ def test_pip_wheel_ships_the_library(tmp_path):
     settings = {"build-dir": str(build_dir()), "cmake.define.CMAKE_EXPORT_COMPILE_COMMANDS": "ON"}
     built = subprocess.run(
         [cached_program("Python3_EXECUTABLE"), "-c", hook, str(tmp_path), json.dumps(settings)],
-        cwd=ROOT, check=False, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert "Building CUDA object" not in built.stdout, "the wheel build recompiled the kernels"
     (wheel,) = tmp_path.glob("xla_gpu_ops-*.whl")

@@ -36,18 +36,21 @@ PAGE_SIZE = 16
 # `grow` enlarges one dimension: a case's custom-call program gets shapes of its own (see
 # _custom_call_case).
 def attention_inputs(seed: int, grow: int = 0) -> dict[str, torch.Tensor]:
-    return make_paged_inputs(MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed,
-                             pad_tokens=2 + grow)  # fmt: skip
+    return make_paged_inputs(
+        MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed, pad_tokens=2 + grow
+    )
 
 
 def sink_inputs(seed: int, grow: int = 0) -> dict[str, torch.Tensor]:
-    return make_paged_inputs(MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed,
-                             pad_tokens=2 + grow, sinks=True)  # fmt: skip
+    return make_paged_inputs(
+        MIXED, 8, 2, 64, PAGE_SIZE, torch.float32, seed=seed, pad_tokens=2 + grow, sinks=True
+    )
 
 
 def cache_inputs(seed: int, grow: int = 0) -> dict[str, torch.Tensor]:
-    new_kv, slot_mapping, kv_cache = make_cache_write_inputs(seed, torch.float32,
-                                                             num_kv_heads=3 + grow)  # fmt: skip
+    new_kv, slot_mapping, kv_cache = make_cache_write_inputs(
+        seed, torch.float32, num_kv_heads=3 + grow
+    )
     return {"new_kv": new_kv, "slot_mapping": slot_mapping, "kv_cache": kv_cache}
 
 
@@ -87,32 +90,63 @@ def attention(*, scale=SCALE, **attrs):
     """paged_attention with the operands positional, as README's first form."""
 
     def call(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs):
-        return xla_gpu_ops.paged_attention(query, kv_cache, context_lens, block_tables,
-                                           query_start_loc, num_seqs, scale=scale, **attrs)  # fmt: skip
+        return xla_gpu_ops.paged_attention(
+            query,
+            kv_cache,
+            context_lens,
+            block_tables,
+            query_start_loc,
+            num_seqs,
+            scale=scale,
+            **attrs,
+        )
 
     return call
 
 
-def attention_operands_by_keyword(query, kv_cache, context_lens, block_tables, query_start_loc,
-                                  num_seqs):  # fmt: skip
+def attention_operands_by_keyword(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs
+):
     return xla_gpu_ops.paged_attention(
-        query=query, kv_cache=kv_cache, context_lens=context_lens, block_tables=block_tables,
-        query_start_loc=query_start_loc, num_seqs=num_seqs, scale=SCALE,
-    )  # fmt: skip
+        query=query,
+        kv_cache=kv_cache,
+        context_lens=context_lens,
+        block_tables=block_tables,
+        query_start_loc=query_start_loc,
+        num_seqs=num_seqs,
+        scale=SCALE,
+    )
 
 
-def attention_some_operands_by_keyword(query, kv_cache, context_lens, block_tables,
-                                       query_start_loc, num_seqs):  # fmt: skip
-    return xla_gpu_ops.paged_attention(query, kv_cache, context_lens, block_tables=block_tables,
-                                       query_start_loc=query_start_loc, num_seqs=num_seqs,
-                                       scale=SCALE, soft_cap=30.0)  # fmt: skip
+def attention_some_operands_by_keyword(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs
+):
+    return xla_gpu_ops.paged_attention(
+        query,
+        kv_cache,
+        context_lens,
+        block_tables=block_tables,
+        query_start_loc=query_start_loc,
+        num_seqs=num_seqs,
+        scale=SCALE,
+        soft_cap=30.0,
+    )
 
 
-def attention_with_sinks(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-                         sinks):  # fmt: skip
-    return xla_gpu_ops.paged_attention(query, kv_cache, context_lens, block_tables,
-                                       query_start_loc, num_seqs, scale=SCALE, sliding_window=9,
-                                       sinks=sinks)  # fmt: skip
+def attention_with_sinks(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, sinks
+):
+    return xla_gpu_ops.paged_attention(
+        query,
+        kv_cache,
+        context_lens,
+        block_tables,
+        query_start_loc,
+        num_seqs,
+        scale=SCALE,
+        sliding_window=9,
+        sinks=sinks,
+    )
 
 
 def cache_write(**attrs):
@@ -125,8 +159,9 @@ def cache_write(**attrs):
 
 
 def cache_write_by_keyword(new_kv, slot_mapping, kv_cache):
-    xla_gpu_ops.kv_cache_update(new_kv=new_kv, slot_mapping=slot_mapping, kv_cache=kv_cache,
-                                k_scale=None, v_scale=None)  # fmt: skip
+    xla_gpu_ops.kv_cache_update(
+        new_kv=new_kv, slot_mapping=slot_mapping, kv_cache=kv_cache, k_scale=None, v_scale=None
+    )
 
 
 def cache_write_then_read(new_kv, slot_mapping, kv_cache):
@@ -145,24 +180,38 @@ def add_by_keyword(a, b):
     return xla_gpu_ops.simple_add(a=a, b=b)
 
 
-def decoder_step(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, new_kv,
-                 slot_mapping):  # fmt: skip
+def decoder_step(
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, new_kv, slot_mapping
+):
     """README's example layer: write the step's K/V, attend over the cache, add the residual."""
     xla_gpu_ops.kv_cache_update(new_kv, slot_mapping, kv_cache)
-    out = xla_gpu_ops.paged_attention(query * 2.0, kv_cache, context_lens, block_tables,
-                                      query_start_loc, num_seqs, scale=SCALE)  # fmt: skip
+    out = xla_gpu_ops.paged_attention(
+        query * 2.0, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, scale=SCALE
+    )
     return xla_gpu_ops.simple_add(out, query)
 
 
 ATTENTION, CACHE, ADD = ops.PAGED_ATTENTION, ops.KV_CACHE_UPDATE, ops.SIMPLE_ADD
 README_ATTRS = {"sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None}
 CASES: dict[str, Case] = {
-    "attention-operands-positional-defaults-omitted": Case(attention_inputs, attention(), (ATTENTION,)),
-    "attention-every-attribute-by-keyword": Case(attention_inputs, attention(**README_ATTRS), (ATTENTION,)),
-    "attention-operands-by-keyword": Case(attention_inputs, attention_operands_by_keyword, (ATTENTION,)),
-    "attention-some-operands-by-keyword": Case(attention_inputs, attention_some_operands_by_keyword, (ATTENTION,)),
-    "attention-window-and-cap-numbers": Case(attention_inputs, attention(sliding_window=7, soft_cap=5.0), (ATTENTION,)),
-    "attention-kv-scales": Case(attention_inputs, attention(k_scale=2.0, v_scale=0.5), (ATTENTION,)),
+    "attention-operands-positional-defaults-omitted": Case(
+        attention_inputs, attention(), (ATTENTION,)
+    ),
+    "attention-every-attribute-by-keyword": Case(
+        attention_inputs, attention(**README_ATTRS), (ATTENTION,)
+    ),
+    "attention-operands-by-keyword": Case(
+        attention_inputs, attention_operands_by_keyword, (ATTENTION,)
+    ),
+    "attention-some-operands-by-keyword": Case(
+        attention_inputs, attention_some_operands_by_keyword, (ATTENTION,)
+    ),
+    "attention-window-and-cap-numbers": Case(
+        attention_inputs, attention(sliding_window=7, soft_cap=5.0), (ATTENTION,)
+    ),
+    "attention-kv-scales": Case(
+        attention_inputs, attention(k_scale=2.0, v_scale=0.5), (ATTENTION,)
+    ),
     "attention-validate-true": Case(attention_inputs, attention(validate=True), (ATTENTION,)),
     "attention-validate-false": Case(attention_inputs, attention(validate=False), (ATTENTION,)),
     "attention-with-sinks": Case(sink_inputs, attention_with_sinks, (ATTENTION,)),
@@ -177,7 +226,7 @@ CASES: dict[str, Case] = {
     "add-validate-true": Case(add_inputs, add(validate=True), (ADD,)),
     "add-validate-false": Case(add_inputs, add(validate=False), (ADD,)),
     "decoder-step": Case(step_inputs, decoder_step, (CACHE, ATTENTION, ADD)),
-}  # fmt: skip
+}
 
 
 # ---------------------------------------------------------------------------- the fresh interpreter
@@ -277,8 +326,10 @@ def run_cases(backend: str, device: str) -> None:
         os.environ[xgo_torch_xla.IMPL_ENV] = "custom_call"
         dump_dir = Path(os.environ["XLA_GPU_OPS_DUMP"])
         for name in CASES:
-            record(f"{name}/custom_call",
-                   functools.partial(_custom_call_case, name, device, dump_dir, fresh_seed()))  # fmt: skip
+            record(
+                f"{name}/custom_call",
+                functools.partial(_custom_call_case, name, device, dump_dir, fresh_seed()),
+            )
     print("RESULTS " + json.dumps(results))
 
 
@@ -287,8 +338,11 @@ def results_in_fresh_interpreter(backend: str, device: str, log_dir: Path) -> di
     if backend == "openxla":
         dump = log_dir / "xla_dump"
         shutil.rmtree(dump, ignore_errors=True)  # an earlier run's files carry the same names
-        env |= {"PJRT_DEVICE": "CPU", "XLA_GPU_OPS_DUMP": str(dump),
-                "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text"}  # fmt: skip
+        env |= {
+            "PJRT_DEVICE": "CPU",
+            "XLA_GPU_OPS_DUMP": str(dump),
+            "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
+        }
     code = f"import test_compile_wrappers as t; t.run_cases({backend!r}, {device!r})"
     log_dir.mkdir(parents=True, exist_ok=True)
     return results_of(run_python(code, env, log_dir / f"{backend}-{device}.log"))
@@ -358,7 +412,9 @@ def test_openxla_custom_call_in_hlo(openxla, name):
     # The first target the program runs fails on XLA:CPU, which has no handler of ours. Under
     # torch_xla 2.7 (legacy) a program that returns a tensor fails later, when that is read, and
     # then aborts the process: there the call may pass.
-    missing = {"ffi": "No FFI handler registered for xla_gpu_",
-               "legacy": "No registered implementation for untyped custom call to xla_gpu_"}  # fmt: skip
+    missing = {
+        "ffi": "No FFI handler registered for xla_gpu_",
+        "legacy": "No registered implementation for untyped custom call to xla_gpu_",
+    }
     if got["abi"] == "ffi" or got["failure"]:
         assert missing[got["abi"]] in got["failure"], got

@@ -127,37 +127,49 @@ def test_devcontainer_comments_are_accepted(repo_copy: Path) -> None:
     ("path", "old", "new", "finding"),
     [
         pytest.param(
-            "compose.yaml", "command: [nox, -s, hlo]", "command: [nox, -s, hlo-dumps]",
+            "compose.yaml",
+            "command: [nox, -s, hlo]",
+            "command: [nox, -s, hlo-dumps]",
             "compose.yaml: calls nox session(s) ['hlo-dumps'] not defined in noxfile.py",
             id="unknown-nox-session",
         ),
         pytest.param(
-            "compose.yaml", "command: [nox, -s, lint, tests]", "command: [nox, -s, tests]",
+            "compose.yaml",
+            "command: [nox, -s, lint, tests]",
+            "command: [nox, -s, tests]",
             "compose.yaml: services ['tests', 'tests-xla-cuda'] run nox sessions ['tests', 'xla_cuda'], README's test command runs ['lint', 'tests', 'xla_cuda']",
             id="compose-test-services-are-not-readme",
         ),
         pytest.param(
-            "Dockerfile", 'CMD ["nox", "-s", "lint", "tests"]', 'CMD ["nox", "-s", "tests"]',
+            "Dockerfile",
+            'CMD ["nox", "-s", "lint", "tests"]',
+            'CMD ["nox", "-s", "tests"]',
             "Dockerfile: stage 'runtime' runs nox sessions [['tests']] by default, compose service 'tests' runs [['lint', 'tests']]",
             id="dockerfile-cmd-is-not-the-service",
         ),
         pytest.param(
-            "compose.cpu.yaml", "  tests-xla-cuda: *cpu\n", "",
+            "compose.cpu.yaml",
+            "  tests-xla-cuda: *cpu\n",
+            "",
             "compose.cpu.yaml: leaves services ['tests-xla-cuda'] with a GPU reservation",
             id="cpu-override-misses-a-service",
         ),
         pytest.param(
-            "README.md", "nox -s docker\n", "nox -s dockerd\n",
+            "README.md",
+            "nox -s docker\n",
+            "nox -s dockerd\n",
             "README.md: calls nox session(s) ['dockerd'] not defined in noxfile.py",
             id="readme-names-an-unknown-session",
         ),
         pytest.param(
-            ".devcontainer/cpu/devcontainer.json", '"postCreateCommand": "nox -s build",', "",
+            ".devcontainer/cpu/devcontainer.json",
+            '"postCreateCommand": "nox -s build",',
+            "",
             ".devcontainer/cpu/devcontainer.json: postCreateCommand must run `nox -s build`",
             id="cpu-devcontainer-does-not-build",
         ),
     ],
-)  # fmt: skip
+)
 def test_container_file_drift_fails(repo_copy: Path, path, old, new, finding) -> None:
     replace_once(repo_copy / path, old, new)
     result = run_checker(repo_copy)

@@ -63,14 +63,20 @@ def test_installed_files_match_record(name):
 def _jax_start_log(prefer_cpu: bool) -> subprocess.CompletedProcess[str]:
     """A fresh interpreter that starts JAX, with or without the entry points' platform default."""
     code = (
-        ("from xla_gpu_ops._platform import prefer_cpu_without_gpu; prefer_cpu_without_gpu()\n" if prefer_cpu else "")
-        + "import jax; print('platform:', jax.devices()[0].platform)"
-    )  # fmt: skip
+        "from xla_gpu_ops._platform import prefer_cpu_without_gpu; prefer_cpu_without_gpu()\n"
+        if prefer_cpu
+        else ""
+    ) + "import jax; print('platform:', jax.devices()[0].platform)"
     env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-        check=False, cwd=Path(__file__).parents[1],
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=Path(__file__).parents[1],
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
@@ -131,9 +137,14 @@ def test_jax_after_import_prints_no_error_without_gpu(script, jax_platforms):
         env["JAX_PLATFORMS"] = jax_platforms
     code = "\n".join(line.strip() for line in QUIET_JAX_SCRIPTS[script].strip().splitlines())
     run = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-        check=False, cwd=Path(__file__).parents[1],
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=Path(__file__).parents[1],
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     output = run.stdout + run.stderr
     assert "ERROR" not in output, output
@@ -145,8 +156,9 @@ def test_jax_after_import_prints_no_error_without_gpu(script, jax_platforms):
 
 
 def _record(message: str, *args) -> logging.LogRecord:
-    return logging.LogRecord("jax._src.xla_bridge", logging.ERROR, "xla_bridge.py", 487, message,
-                             args, None)  # fmt: skip
+    return logging.LogRecord(
+        "jax._src.xla_bridge", logging.ERROR, "xla_bridge.py", 487, message, args, None
+    )
 
 
 def test_cuda_plugin_filter_drops_that_record_alone():
@@ -157,8 +169,12 @@ def test_cuda_plugin_filter_drops_that_record_alone():
     assert not keep(_record(plugin_error, "jax_plugins.xla_cuda12"))
     assert not keep(_record(plugin_error, "jax_plugins.xla_cuda13"))
     assert keep(_record(plugin_error, "jax_plugins.xla_tpu"))
-    assert keep(_record("Jax plugin configuration error: Plugin module %s could not be loaded",
-                        "jax_plugins.xla_cuda12"))  # fmt: skip
+    assert keep(
+        _record(
+            "Jax plugin configuration error: Plugin module %s could not be loaded",
+            "jax_plugins.xla_cuda12",
+        )
+    )
     assert keep(_record("Unable to initialize backend 'cpu'"))
 
 

@@ -75,8 +75,12 @@ def test_mode_agrees_with_oracle_and_cpu(mode, dtype, attributes):
     assert set(report.results) == {"cpu", mode}
     assert not report.skipped
     assert set(report.errors[mode]) == {
-        "prefill vs f64", "decode vs f64", "prefill vs cpu", "decode vs cpu", "cache vs cpu",
-    }  # fmt: skip
+        "prefill vs f64",
+        "decode vs f64",
+        "prefill vs cpu",
+        "decode vs cpu",
+        "cache vs cpu",
+    }
     assert not report.failures, f"seed {seed}:\n{report.table()}"
 
 

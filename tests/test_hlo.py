@@ -123,10 +123,25 @@ def test_cli_torch_xla_after_optimizations_with_zero_constants(op, artifacts_dir
     env.pop("XLA_FLAGS", None)
     out = artifacts_dir / "cli"
     run = subprocess.run(
-        [sys.executable, "-m", "xla_gpu_ops", "hlo", "--frontend", "torch_xla", "--op", op.name,
-         "--out", str(out), "--zeros"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "xla_gpu_ops",
+            "hlo",
+            "--frontend",
+            "torch_xla",
+            "--op",
+            op.name,
+            "--out",
+            str(out),
+            "--zeros",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     (artifacts_dir / "cli.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, run.stdout + run.stderr
     assert op.ffi_target in run.stdout

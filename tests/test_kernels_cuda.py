@@ -110,8 +110,9 @@ def test_paged_attention_dtypes_head_dims(dtype, head_dim, kind):
 )
 def test_paged_attention_page_sizes_and_gqa(dtype, page_size, num_q_heads, num_kv_heads):
     seed = fresh_seed()
-    inputs = make_paged_inputs(MIXED, num_q_heads, num_kv_heads, 128, page_size, dtype, seed,
-                               pad_tokens=2, extra_seqs=2)  # fmt: skip
+    inputs = make_paged_inputs(
+        MIXED, num_q_heads, num_kv_heads, 128, page_size, dtype, seed, pad_tokens=2, extra_seqs=2
+    )
     check_against_reference(inputs, dtype, seed, scale=default_scale(128))
 
 
@@ -123,8 +124,9 @@ def test_paged_attention_page_sizes_and_gqa(dtype, page_size, num_q_heads, num_k
 def test_paged_attention_window_and_soft_cap(dtype, sliding_window, soft_cap, kind):
     seed = fresh_seed()
     inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, dtype, seed, shared_prefix=True)
-    check_against_reference(inputs, dtype, seed, scale=0.3, sliding_window=sliding_window,
-                            soft_cap=soft_cap)  # fmt: skip
+    check_against_reference(
+        inputs, dtype, seed, scale=0.3, sliding_window=sliding_window, soft_cap=soft_cap
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -134,8 +136,9 @@ def test_paged_attention_long_context_split_kv(dtype, sliding_window):
     seed = fresh_seed()
     specs = ((1, 20_000), (1, 4_097), (3, 9_000))
     inputs = make_paged_inputs(specs, 8, 2, 128, 16, dtype, seed, pad_tokens=1)
-    check_against_reference(inputs, dtype, seed, scale=default_scale(128),
-                            sliding_window=sliding_window)  # fmt: skip
+    check_against_reference(
+        inputs, dtype, seed, scale=default_scale(128), sliding_window=sliding_window
+    )
 
 
 # Decode-like (tokens <= 2 x sequences): one-token decodes and one 4-token sequence.
@@ -147,19 +150,27 @@ D256_SPLIT_SEQUENCE = 4  # the 4133-key sequence: several KV splits
 @pytest.mark.parametrize("page_size", [1, 5, 16, 48, 128])
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(None, None), (45, None), (None, 4.0)])
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(12, 4), (16, 1)])
-def test_decode_head_dim_256_tiles(dtype, page_size, sliding_window, soft_cap, num_q_heads,
-                                   num_kv_heads):  # fmt: skip
+def test_decode_head_dim_256_tiles(
+    dtype, page_size, sliding_window, soft_cap, num_q_heads, num_kv_heads
+):
     """16-bit D = 256 decodes run 32-key tiles (8 keys per warp, P V by m16n8k8): contexts that
     end inside a tile or on its edge, pages shorter and longer than a tile, windows that start
     inside one, all 16 rows of a tile (16 heads per KV head; 4 tokens of 3 heads), and the KV
     splits of the 4133-key sequence, checked on its own rows too (the short sequences would
     otherwise dominate the batch's error)."""
     seed = fresh_seed()
-    inputs = make_paged_inputs(D256_DECODES, num_q_heads, num_kv_heads, 256, page_size, dtype,
-                               seed, pad_tokens=2)  # fmt: skip
-    check_against_reference(inputs, dtype, seed, rows=_rows_of(inputs, D256_SPLIT_SEQUENCE),
-                            scale=default_scale(256), sliding_window=sliding_window,
-                            soft_cap=soft_cap)  # fmt: skip
+    inputs = make_paged_inputs(
+        D256_DECODES, num_q_heads, num_kv_heads, 256, page_size, dtype, seed, pad_tokens=2
+    )
+    check_against_reference(
+        inputs,
+        dtype,
+        seed,
+        rows=_rows_of(inputs, D256_SPLIT_SEQUENCE),
+        scale=default_scale(256),
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+    )
 
 
 @pytest.mark.parametrize("corruption", ["page_out_of_range", "negative_page"])
@@ -168,8 +179,9 @@ def test_decode_head_dim_256_bad_page_poisons_its_sequence(corruption):
     inputs = make_paged_inputs(D256_DECODES, 8, 2, 256, 16, torch.bfloat16, seed)
     expected = reference.paged_attention(**inputs, scale=0.06, compute_dtype=torch.float64)
     bad = D256_SPLIT_SEQUENCE  # its third page
-    inputs["block_tables"][bad, 2] = -1 if corruption == "negative_page" else (
-        inputs["kv_cache"].shape[0])  # fmt: skip
+    inputs["block_tables"][bad, 2] = (
+        -1 if corruption == "negative_page" else (inputs["kv_cache"].shape[0])
+    )
     out = run_cuda(inputs, scale=0.06)
     _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
 
@@ -199,8 +211,9 @@ def test_paged_attention_many_sequences():
 
 def test_paged_attention_empty_sequences_and_zero_num_seqs():
     seed = fresh_seed()
-    inputs = make_paged_inputs(((0, 10), (4, 9), (0, 3), (1, 30)), 4, 2, 64, 8, torch.bfloat16, seed,
-                               pad_tokens=2)  # fmt: skip
+    inputs = make_paged_inputs(
+        ((0, 10), (4, 9), (0, 3), (1, 30)), 4, 2, 64, 8, torch.bfloat16, seed, pad_tokens=2
+    )
     check_against_reference(inputs, torch.bfloat16, seed, scale=0.2)
     inputs["num_seqs"] = torch.tensor([0], dtype=torch.int32)
     out = run_cuda(inputs, scale=0.2)
@@ -219,8 +232,9 @@ def test_decode_grid_orders():
         inputs = make_paged_inputs(
             specs, 8, 2, 128, 16, torch.bfloat16, seed, extra_seqs=extra_seqs
         )
-        check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128),
-                                rows=slice(0, 4))  # fmt: skip
+        check_against_reference(
+            inputs, torch.bfloat16, seed, scale=default_scale(128), rows=slice(0, 4)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -247,8 +261,10 @@ def test_scratch_buffer_per_stream_grows_and_stays_out_of_graphs():
         name: reference.paged_attention(**inputs, scale=scale, compute_dtype=torch.float64)
         for name, inputs in (("small", small), ("large", large))
     }
-    on_gpu = {"small": {k: v.cuda() for k, v in small.items()},
-              "large": {k: v.cuda() for k, v in large.items()}}  # fmt: skip
+    on_gpu = {
+        "small": {k: v.cuda() for k, v in small.items()},
+        "large": {k: v.cuda() for k, v in large.items()},
+    }
 
     def attend(name):
         return torch.ops.xla_gpu.paged_attention(**on_gpu[name], scale=scale)
@@ -307,8 +323,9 @@ def _short_tokens(num_q_heads: int, num_kv_heads: int) -> int:
     return 16 // heads
 
 
-def _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context=17_000,
-                         **kwargs):  # fmt: skip
+def _short_region_inputs(
+    num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context=17_000, **kwargs
+):
     """A prefill-like batch with >= 1024 blocks (so the plan gives it one split), whose sequences
     of at most short_tokens query tokens run as decode blocks with their own KV splits next to the
     prefill tiles (the mixed-batch path): >= 1100 / head-blocks sequences, 20 of them prefills, 4
@@ -348,8 +365,9 @@ def test_paged_attention_short_sequences_of_a_large_prefill_batch(
     dtype, head_dim, num_q_heads, num_kv_heads, long_context
 ):
     seed = fresh_seed()
-    inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context,
-                                  pad_tokens=3, extra_seqs=5)  # fmt: skip
+    inputs = _short_region_inputs(
+        num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context, pad_tokens=3, extra_seqs=5
+    )
     # Slots past num_seqs are unused: their query_start_loc entries may hold anything (here short
     # "sequences" and rows past T), and no block or merge may act on them.
     num_tokens, live = inputs["query"].shape[0], int(inputs["num_seqs"][0])
@@ -361,14 +379,16 @@ def test_paged_attention_short_sequences_of_a_large_prefill_batch(
 def test_paged_attention_short_sequences_window_and_soft_cap(sliding_window, soft_cap):
     seed = fresh_seed()
     inputs = _short_region_inputs(64, 4, 64, torch.bfloat16, seed)
-    check_against_reference(inputs, torch.bfloat16, seed, scale=0.3, sliding_window=sliding_window,
-                            soft_cap=soft_cap)  # fmt: skip
+    check_against_reference(
+        inputs, torch.bfloat16, seed, scale=0.3, sliding_window=sliding_window, soft_cap=soft_cap
+    )
 
 
 # ---------------------------------------------------------------------------- bad metadata
 def _bad_inputs(seed: int) -> dict[str, torch.Tensor]:
-    return make_paged_inputs(((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, torch.bfloat16,
-                             seed, pad_tokens=2)  # fmt: skip
+    return make_paged_inputs(
+        ((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2
+    )
 
 
 def _rows_of(inputs, seq: int) -> slice:
@@ -419,8 +439,9 @@ def test_query_start_loc_past_num_tokens_poisons_every_row():
 )
 def test_bad_sequence_gets_nan_rows_others_stay_right(dtype, corruption):
     seed = fresh_seed()
-    inputs = make_paged_inputs(((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, dtype, seed,
-                               pad_tokens=2)  # fmt: skip
+    inputs = make_paged_inputs(
+        ((2, 40), (1, 17), (3, 3), (1, 64)), 4, 2, 64, 16, dtype, seed, pad_tokens=2
+    )
     expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64)
     bad = 1
     if corruption == "context_too_long":
@@ -527,8 +548,16 @@ def test_sm90_prefill_kernel_runs_on_hopper():
 
 # (q_len, context_len): rows of 1, 15, 16, 17, 127, 128, 129 and 300 tokens, prefixes before them,
 # a context shorter than one 128-key tile and one ending one key into a new tile.
-TILE_EDGE_SPECS = ((129, 129), (1, 1), (16, 300), (17, 17), (127, 1000), (128, 257), (15, 40),
-                   (300, 300))  # fmt: skip
+TILE_EDGE_SPECS = (
+    (129, 129),
+    (1, 1),
+    (16, 300),
+    (17, 17),
+    (127, 1000),
+    (128, 257),
+    (15, 40),
+    (300, 300),
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -539,8 +568,17 @@ TILE_EDGE_SPECS = ((129, 129), (1, 1), (16, 300), (17, 17), (127, 1000), (128, 2
 )
 def test_prefill_tile_edges_and_gqa(dtype, head_dim, num_q_heads, num_kv_heads):
     seed = fresh_seed()
-    inputs = make_paged_inputs(TILE_EDGE_SPECS, num_q_heads, num_kv_heads, head_dim, 16, dtype,
-                               seed, pad_tokens=5, extra_seqs=1)  # fmt: skip
+    inputs = make_paged_inputs(
+        TILE_EDGE_SPECS,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        16,
+        dtype,
+        seed,
+        pad_tokens=5,
+        extra_seqs=1,
+    )
     check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
 
 
@@ -549,8 +587,9 @@ def test_prefill_page_sizes(page_size):
     """Pages of 1 key, pages that do not divide a 128-key tile (3, 5, 48) and one page per tile."""
     seed = fresh_seed()
     specs = ((200, 331), (64, 64), (129, 500), (7, 130))
-    inputs = make_paged_inputs(specs, 32, 8, 128, page_size, torch.bfloat16, seed, pad_tokens=2,
-                               shared_prefix=True)  # fmt: skip
+    inputs = make_paged_inputs(
+        specs, 32, 8, 128, page_size, torch.bfloat16, seed, pad_tokens=2, shared_prefix=True
+    )
     check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
 
 
@@ -562,8 +601,9 @@ def test_prefill_kv_splits(head_dim, sliding_window):
     seed = fresh_seed()
     specs = ((40, 20_000), (33, 9_000))
     inputs = make_paged_inputs(specs, 8, 2, head_dim, 16, torch.bfloat16, seed, pad_tokens=1)
-    check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim),
-                            sliding_window=sliding_window)  # fmt: skip
+    check_against_reference(
+        inputs, torch.bfloat16, seed, scale=default_scale(head_dim), sliding_window=sliding_window
+    )
 
 
 def test_prefill_many_sequences():
@@ -588,8 +628,9 @@ def test_prefill_window_soft_cap_and_scale(head_dim, sliding_window, soft_cap, s
     seed = fresh_seed()
     specs = ((700, 900), (130, 130), (5, 300))
     inputs = make_paged_inputs(specs, 16, 4, head_dim, 16, torch.float16, seed, pad_tokens=3)
-    check_against_reference(inputs, torch.float16, seed, scale=scale,
-                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+    check_against_reference(
+        inputs, torch.float16, seed, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
@@ -628,8 +669,9 @@ def test_prefill_persistent_blocks_poison_one_sequence(head_dim, bad, cache):
     scales = {}
     if cache == "fp8":
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES
-    expected = reference.paged_attention(**inputs, scale=default_scale(head_dim), **scales,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=default_scale(head_dim), **scales, compute_dtype=torch.float64
+    )
     inputs["block_tables"][bad, 2] = inputs["kv_cache"].shape[0]
     out = run_cuda(inputs, scale=default_scale(head_dim), **scales)
     _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
@@ -659,8 +701,9 @@ def test_prefill_whole_page_reads_skip_poisoned_slots(head_dim, page_size, cache
     context and in unused pages must not reach the output."""
     seed = fresh_seed()
     specs = ((300, 1000), (129, 129), (1, 77), (64, 200), (250, 250))
-    inputs = make_paged_inputs(specs, 32, 8, head_dim, page_size, torch.bfloat16, seed,
-                               pad_tokens=2)  # fmt: skip
+    inputs = make_paged_inputs(
+        specs, 32, 8, head_dim, page_size, torch.bfloat16, seed, pad_tokens=2
+    )
     inputs, scales = _poison_unused_slots(inputs), {}
     if cache == "fp8":
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES
@@ -688,8 +731,9 @@ def with_fp8_cache(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def test_fp8_cache_dtypes_head_dims(dtype, head_dim, kind):
     seed = fresh_seed()
     inputs = make_paged_inputs(SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3)
-    check_against_reference(with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim),
-                            **FP8_SCALES)  # fmt: skip
+    check_against_reference(
+        with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim), **FP8_SCALES
+    )
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -707,8 +751,7 @@ def test_fp8_cache_bf16_queries_beyond_float16_range(head_dim, kind):
     query[0, 1] = 0.0
     query[0, 0, 3] = 2.0**40
     inputs["query"] = query.to(torch.bfloat16)
-    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed, scale=0.1,
-                            **FP8_SCALES)  # fmt: skip
+    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed, scale=0.1, **FP8_SCALES)
 
 
 @pytest.mark.parametrize(("sliding_window", "soft_cap"), [(7, None), (40, 2.0), (None, 5.0)])
@@ -716,19 +759,35 @@ def test_fp8_cache_bf16_queries_beyond_float16_range(head_dim, kind):
 def test_fp8_cache_window_and_soft_cap(sliding_window, soft_cap, kind):
     seed = fresh_seed()
     inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, torch.bfloat16, seed, shared_prefix=True)
-    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed, scale=0.3,
-                            sliding_window=sliding_window, soft_cap=soft_cap,
-                            **FP8_SCALES)  # fmt: skip
+    check_against_reference(
+        with_fp8_cache(inputs),
+        torch.bfloat16,
+        seed,
+        scale=0.3,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+        **FP8_SCALES,
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 5, 32])
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(8, 1), (12, 4), (6, 6)])
 def test_fp8_cache_page_sizes_and_gqa(page_size, num_q_heads, num_kv_heads):
     seed = fresh_seed()
-    inputs = make_paged_inputs(MIXED, num_q_heads, num_kv_heads, 128, page_size, torch.float16,
-                               seed, pad_tokens=2, extra_seqs=2)  # fmt: skip
-    check_against_reference(with_fp8_cache(inputs), torch.float16, seed,
-                            scale=default_scale(128), **FP8_SCALES)  # fmt: skip
+    inputs = make_paged_inputs(
+        MIXED,
+        num_q_heads,
+        num_kv_heads,
+        128,
+        page_size,
+        torch.float16,
+        seed,
+        pad_tokens=2,
+        extra_seqs=2,
+    )
+    check_against_reference(
+        with_fp8_cache(inputs), torch.float16, seed, scale=default_scale(128), **FP8_SCALES
+    )
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -739,10 +798,20 @@ def test_fp8_cache_page_sizes_and_gqa(page_size, num_q_heads, num_kv_heads):
 def test_fp8_cache_prefill_tile_edges_and_gqa(head_dim, num_q_heads, num_kv_heads):
     """Prefill tiles on an fp8 cache (the sm_90a kernel on Hopper): tile and page edges."""
     seed = fresh_seed()
-    inputs = make_paged_inputs(TILE_EDGE_SPECS, num_q_heads, num_kv_heads, head_dim, 16,
-                               torch.bfloat16, seed, pad_tokens=5, extra_seqs=1)  # fmt: skip
-    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
-                            scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
+    inputs = make_paged_inputs(
+        TILE_EDGE_SPECS,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        16,
+        torch.bfloat16,
+        seed,
+        pad_tokens=5,
+        extra_seqs=1,
+    )
+    check_against_reference(
+        with_fp8_cache(inputs), torch.bfloat16, seed, scale=default_scale(head_dim), **FP8_SCALES
+    )
 
 
 @pytest.mark.parametrize(
@@ -759,10 +828,12 @@ def test_fp8_cache_short_sequences_of_a_large_prefill_batch(
     """On Hopper an fp8 cache's mixed batch runs its short sequences as decode blocks beside the
     sm_90a kernel's prefill tiles (elsewhere all of them as 64-row tiles)."""
     seed = fresh_seed()
-    inputs = _short_region_inputs(num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context,
-                                  pad_tokens=3, extra_seqs=5)  # fmt: skip
-    check_against_reference(with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim),
-                            **FP8_SCALES)  # fmt: skip
+    inputs = _short_region_inputs(
+        num_q_heads, num_kv_heads, head_dim, dtype, seed, long_context, pad_tokens=3, extra_seqs=5
+    )
+    check_against_reference(
+        with_fp8_cache(inputs), dtype, seed, scale=default_scale(head_dim), **FP8_SCALES
+    )
 
 
 @pytest.mark.parametrize("specs", [((1, 20_000), (1, 4_097), (3, 9_000)), ((700, 3000), (1, 5000))])
@@ -770,8 +841,9 @@ def test_fp8_cache_long_context_split_kv(specs):
     """KV splits and their merge, on decode tiles and on 64-row tiles."""
     seed = fresh_seed()
     inputs = make_paged_inputs(specs, 8, 2, 128, 16, torch.bfloat16, seed, pad_tokens=1)
-    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
-                            scale=default_scale(128), **FP8_SCALES)  # fmt: skip
+    check_against_reference(
+        with_fp8_cache(inputs), torch.bfloat16, seed, scale=default_scale(128), **FP8_SCALES
+    )
 
 
 # ---------------------------------------------------------------------------- KV split parts
@@ -876,8 +948,9 @@ def test_fp8_cache_nan_stays_nan(part, dtype, kind):
     inputs = with_fp8_cache(make_paged_inputs(SPECS[kind], 8, 2, 128, 16, dtype, seed))
     page = int(inputs["block_tables"][0, 0])
     inputs["kv_cache"].view(torch.uint8)[page, 0, 0 if part == "key" else 1, 5] = 0x7F
-    expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64,
-                                         **FP8_SCALES)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, compute_dtype=torch.float64, **FP8_SCALES
+    )
     out = run_cuda(inputs, scale=0.1, **FP8_SCALES)
     assert expected.isnan().any()
     assert torch.equal(out.isnan(), expected.isnan()), f"seed {seed}"
@@ -919,8 +992,9 @@ SINK_SPECS = {
 @pytest.mark.parametrize("kind", list(SINK_SPECS))
 def test_sinks_every_path(kind, head_dim, dtype):
     seed = fresh_seed()
-    inputs = make_paged_inputs(SINK_SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3,
-                               extra_seqs=1, sinks=True)  # fmt: skip
+    inputs = make_paged_inputs(
+        SINK_SPECS[kind], 8, 2, head_dim, 16, dtype, seed, pad_tokens=3, extra_seqs=1, sinks=True
+    )
     check_against_reference(inputs, dtype, seed, scale=default_scale(head_dim))
 
 
@@ -930,8 +1004,9 @@ def test_sinks_with_window_and_soft_cap(kind, sliding_window, soft_cap):
     """gpt-oss's layers: sinks with a 128-token window; the sink is neither scaled nor capped."""
     seed = fresh_seed()
     inputs = make_paged_inputs(SINK_SPECS[kind], 64, 8, 64, 16, torch.bfloat16, seed, sinks=True)
-    check_against_reference(inputs, torch.bfloat16, seed, scale=0.125,
-                            sliding_window=sliding_window, soft_cap=soft_cap)  # fmt: skip
+    check_against_reference(
+        inputs, torch.bfloat16, seed, scale=0.125, sliding_window=sliding_window, soft_cap=soft_cap
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
@@ -940,8 +1015,9 @@ def test_sinks_both_prefill_kernels(head_dim):
     assert _sm90_prefill_available(), "no sm_90a code in this library"
     seed = fresh_seed()
     specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
-    inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2,
-                               sinks=True)  # fmt: skip
+    inputs = make_paged_inputs(
+        specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2, sinks=True
+    )
     for kernel in (1, 0):
         with _prefill_kernel(kernel):
             check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim))
@@ -959,10 +1035,12 @@ def test_sinks_short_sequences_of_a_large_prefill_batch(long_context):
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_sinks_with_an_fp8_cache(kind, head_dim):
     seed = fresh_seed()
-    inputs = make_paged_inputs(SINK_SPECS[kind], 8, 2, head_dim, 16, torch.bfloat16, seed,
-                               sinks=True)  # fmt: skip
-    check_against_reference(with_fp8_cache(inputs), torch.bfloat16, seed,
-                            scale=default_scale(head_dim), **FP8_SCALES)  # fmt: skip
+    inputs = make_paged_inputs(
+        SINK_SPECS[kind], 8, 2, head_dim, 16, torch.bfloat16, seed, sinks=True
+    )
+    check_against_reference(
+        with_fp8_cache(inputs), torch.bfloat16, seed, scale=default_scale(head_dim), **FP8_SCALES
+    )
 
 
 @pytest.mark.parametrize(("sinks", "cache"), [(False, "fp8"), (True, "bf16"), (True, "fp8")])
@@ -977,13 +1055,11 @@ def test_bad_sequence_with_fp8_or_sinks_gets_nan_rows(kind, corruption, sinks, c
     specs = (
         ((2, 40), (1, 17), (3, 3), (1, 64)) if kind == "decode" else ((20, 40), (9, 17), (30, 64))
     )
-    inputs = make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2,
-                               sinks=sinks)  # fmt: skip
+    inputs = make_paged_inputs(specs, 4, 2, 64, 16, torch.bfloat16, seed, pad_tokens=2, sinks=sinks)
     scales = {}
     if cache == "fp8":
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES
-    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64,
-                                         **scales)  # fmt: skip
+    expected = reference.paged_attention(**inputs, scale=0.2, compute_dtype=torch.float64, **scales)
     bad = 1
     if corruption == "page_out_of_range":
         inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
@@ -1012,8 +1088,10 @@ def test_sinks_at_their_limits(kind):
 
 
 def test_sinks_errors_name_the_argument():
-    inputs = {k: t.cuda() for k, t in make_paged_inputs(DECODE, 8, 2, 64, 16, torch.bfloat16,
-                                                        fresh_seed()).items()}  # fmt: skip
+    inputs = {
+        k: t.cuda()
+        for k, t in make_paged_inputs(DECODE, 8, 2, 64, 16, torch.bfloat16, fresh_seed()).items()
+    }
     call = torch.ops.xla_gpu.paged_attention
     with pytest.raises(ValueError, match="sinks: on cpu"):
         call(**inputs, scale=0.1, sinks=torch.zeros(8))

@@ -129,8 +129,11 @@ def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
     xgo_jax.register()
     arrays = [jax.device_put(a, CPU) for a in arrays]
     try:
-        attrs = {"scale": scale, "sliding_window": sliding_window or None,
-                 "soft_cap": soft_cap or None}  # fmt: skip
+        attrs = {
+            "scale": scale,
+            "sliding_window": sliding_window or None,
+            "soft_cap": soft_cap or None,
+        }
         (workspace_elems,) = library_call(PAGED_ATTENTION, arrays, attrs)[1][1].shape
     except (TypeError, ValueError):
         workspace_elems = 1
@@ -293,29 +296,78 @@ BASE = {name: t.numpy() for name, t in small_inputs().items()}  # shapes only; v
 STATIC_BAD_INPUTS = {
     "query_rank": ({"query": BASE["query"][0]}, {}, ValueError, "query"),
     "kv_cache_rank": ({"kv_cache": BASE["kv_cache"][0]}, {}, ValueError, "kv_cache"),
-    "block_tables_rank": ({"block_tables": BASE["block_tables"][0]}, {}, ValueError, "block_tables"),
-    "kv_dtype_mismatch": ({"kv_cache": BASE["kv_cache"].astype(np.float16)}, {}, TypeError, "kv_cache"),
+    "block_tables_rank": (
+        {"block_tables": BASE["block_tables"][0]},
+        {},
+        ValueError,
+        "block_tables",
+    ),
+    "kv_dtype_mismatch": (
+        {"kv_cache": BASE["kv_cache"].astype(np.float16)},
+        {},
+        TypeError,
+        "kv_cache",
+    ),
     "query_int_dtype": (
         {"query": BASE["query"].astype(np.int32), "kv_cache": BASE["kv_cache"].astype(np.int32)},
-        {}, TypeError, "query",
+        {},
+        TypeError,
+        "query",
     ),
-    "context_lens_int64": ({"context_lens": BASE["context_lens"].astype(np.int64)}, {}, TypeError, "context_lens"),
-    "block_tables_f32": ({"block_tables": BASE["block_tables"].astype(np.float32)}, {}, TypeError, "block_tables"),
+    "context_lens_int64": (
+        {"context_lens": BASE["context_lens"].astype(np.int64)},
+        {},
+        TypeError,
+        "context_lens",
+    ),
+    "block_tables_f32": (
+        {"block_tables": BASE["block_tables"].astype(np.float32)},
+        {},
+        TypeError,
+        "block_tables",
+    ),
     "query_start_loc_int16": (
-        {"query_start_loc": BASE["query_start_loc"].astype(np.int16)}, {}, TypeError, "query_start_loc",
+        {"query_start_loc": BASE["query_start_loc"].astype(np.int16)},
+        {},
+        TypeError,
+        "query_start_loc",
     ),
-    "num_seqs_uint32": ({"num_seqs": BASE["num_seqs"].astype(np.uint32)}, {}, TypeError, "num_seqs"),
+    "num_seqs_uint32": (
+        {"num_seqs": BASE["num_seqs"].astype(np.uint32)},
+        {},
+        TypeError,
+        "num_seqs",
+    ),
     "head_dim_96": (
         {"query": np.ones((9, 4, 96), np.float32), "kv_cache": np.ones((12, 8, 4, 96), np.float32)},
-        {}, ValueError, "query",
+        {},
+        ValueError,
+        "query",
     ),
-    "odd_combined_heads": ({"kv_cache": np.ones((12, 8, 3, 64), np.float32)}, {}, ValueError, "kv_cache"),
+    "odd_combined_heads": (
+        {"kv_cache": np.ones((12, 8, 3, 64), np.float32)},
+        {},
+        ValueError,
+        "kv_cache",
+    ),
     "hq_not_multiple_of_hkv": (
         {"query": np.ones((9, 6, 64), np.float32), "kv_cache": np.ones((12, 8, 8, 64), np.float32)},
-        {}, ValueError, "query",
+        {},
+        ValueError,
+        "query",
     ),
-    "page_size_129": ({"kv_cache": np.ones((2, 129, 4, 64), np.float32)}, {}, ValueError, "kv_cache"),
-    "query_start_loc_shape": ({"query_start_loc": BASE["query_start_loc"][:-1]}, {}, ValueError, "query_start_loc"),
+    "page_size_129": (
+        {"kv_cache": np.ones((2, 129, 4, 64), np.float32)},
+        {},
+        ValueError,
+        "kv_cache",
+    ),
+    "query_start_loc_shape": (
+        {"query_start_loc": BASE["query_start_loc"][:-1]},
+        {},
+        ValueError,
+        "query_start_loc",
+    ),
     "num_seqs_shape": ({"num_seqs": np.zeros(2, np.int32)}, {}, ValueError, "num_seqs"),
     "soft_cap_zero": ({}, {"soft_cap": 0.0}, ValueError, "soft_cap"),
     "soft_cap_negative": ({}, {"soft_cap": -1.0}, ValueError, "soft_cap"),
@@ -325,7 +377,7 @@ STATIC_BAD_INPUTS = {
     "sliding_window_float": ({}, {"sliding_window": 2.5}, TypeError, "sliding_window"),
     "scale_nan": ({}, {"scale": float("nan")}, ValueError, "scale"),
     "abi_unknown": ({}, {"abi": "v3"}, ValueError, "abi"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -401,8 +453,16 @@ def test_host_handler_rejects_bad_metadata(mutate, argument):
 
 
 HANDLER_STATIC_CASES = {
-    "head_dim_96": ({"query": np.ones((9, 4, 96), np.float32), "kv_cache": np.ones((12, 8, 4, 96), np.float32)}, {}, "query"),
-    "hq_not_multiple": ({"query": np.ones((9, 6, 64), np.float32), "kv_cache": np.ones((12, 8, 8, 64), np.float32)}, {}, "query"),
+    "head_dim_96": (
+        {"query": np.ones((9, 4, 96), np.float32), "kv_cache": np.ones((12, 8, 4, 96), np.float32)},
+        {},
+        "query",
+    ),
+    "hq_not_multiple": (
+        {"query": np.ones((9, 6, 64), np.float32), "kv_cache": np.ones((12, 8, 8, 64), np.float32)},
+        {},
+        "query",
+    ),
     "odd_combined_heads": ({"kv_cache": np.ones((12, 8, 3, 64), np.float32)}, {}, "kv_cache"),
     "kv_dtype_mismatch": ({"kv_cache": BASE["kv_cache"].astype(np.float16)}, {}, "kv_cache"),
     "query_rank": ({"query": BASE["query"][0]}, {}, "query"),
@@ -410,7 +470,7 @@ HANDLER_STATIC_CASES = {
     "soft_cap_negative": ({}, {"soft_cap": -2.0}, "soft_cap"),
     "sliding_window_negative": ({}, {"sliding_window": -1}, "sliding_window"),
     "scale_inf": ({}, {"scale": float("inf")}, "scale"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -605,11 +665,17 @@ def test_host_handler_names_a_missing_attribute():
     _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,
-        (jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
-         jax.ShapeDtypeStruct(workspace.shape, np.float32)),
-    )  # fmt: skip
-    attributes = {"scale": np.float32(0.1), "sliding_window": np.int64(0),
-                  "soft_cap": np.float32(0.0), "k_scale": np.float32(1.0)}  # fmt: skip
+        (
+            jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+            jax.ShapeDtypeStruct(workspace.shape, np.float32),
+        ),
+    )
+    attributes = {
+        "scale": np.float32(0.1),
+        "sliding_window": np.int64(0),
+        "soft_cap": np.float32(0.0),
+        "k_scale": np.float32(1.0),
+    }
     with pytest.raises(
         HANDLER_ERRORS, match=r"INVALID_ARGUMENT.*paged_attention: v_scale: missing"
     ):

@@ -54,9 +54,11 @@ def test_library_rejects_each_wrong_rank_naming_the_operand(op):
         arrays = list(sample)
         arrays[i] = arrays[i][None]
         call = _library.make_call(
-            op, [a.shape for a in arrays], [a.dtype.name for a in arrays],
+            op,
+            [a.shape for a in arrays],
+            [a.dtype.name for a in arrays],
             op.encode_attrs(op.sample_attrs),
-        )  # fmt: skip
+        )
         with pytest.raises(
             ValueError, match=rf"{op.name}: {operand.name}: expected rank {operand.rank}"
         ):
@@ -66,8 +68,9 @@ def test_library_rejects_each_wrong_rank_naming_the_operand(op):
 @needs_library
 def test_library_rejects_another_ops_call():
     sample = ops.SIMPLE_ADD.sample(False)
-    call = _library.make_call(ops.SIMPLE_ADD, [a.shape for a in sample.values()],
-                              ["float32", "float32"], ())  # fmt: skip
+    call = _library.make_call(
+        ops.SIMPLE_ADD, [a.shape for a in sample.values()], ["float32", "float32"], ()
+    )
     call.op = b"paged_attention"
     with pytest.raises(ValueError, match="describes op 'paged_attention'"):
         _library.describe(ops.SIMPLE_ADD, call)
@@ -93,16 +96,22 @@ def test_schema():
 
 def test_bind():
     op = ops.PAGED_ATTENTION
-    operands, attrs = op.bind((1, 2, 3), {"block_tables": 4, "query_start_loc": 5,
-                                          "num_seqs": 6, "scale": 0.5})  # fmt: skip
+    operands, attrs = op.bind(
+        (1, 2, 3), {"block_tables": 4, "query_start_loc": 5, "num_seqs": 6, "scale": 0.5}
+    )
     assert operands == [1, 2, 3, 4, 5, 6, None]  # sinks, optional, left out
-    assert attrs == {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None,
-                     "v_scale": None}  # fmt: skip
+    assert attrs == {
+        "scale": 0.5,
+        "sliding_window": None,
+        "soft_cap": None,
+        "k_scale": None,
+        "v_scale": None,
+    }
     # the fast path (required operands positional, the rest by keyword) and the general one
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7}) == (
-        [*range(6), 7], {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None,
-                         "v_scale": None},
-    )  # fmt: skip
+        [*range(6), 7],
+        {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
+    )
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7, "soft_cap": 2.0})[0] == [*range(6), 7]
     assert op.bind([*range(6), 0.5, None, None, None, None, 7], {})[0] == [*range(6), 7]
     with pytest.raises(TypeError, match="scale: missing"):
@@ -166,14 +175,16 @@ def test_optional_operands_come_last():
 def test_attribute_encoding_rejects(attrs, error, match):
     op = ops.PAGED_ATTENTION
     with pytest.raises(error, match=match):
-        op.encode_attrs({"sliding_window": None, "soft_cap": None, "k_scale": None,
-                         "v_scale": None, **attrs})  # fmt: skip
+        op.encode_attrs(
+            {"sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None, **attrs}
+        )
 
 
 def test_attribute_encoding_turns_none_off():
     op = ops.PAGED_ATTENTION
-    encoded = op.encode_attrs({"scale": 2, "sliding_window": None, "soft_cap": None,
-                               "k_scale": None, "v_scale": 0.5})  # fmt: skip
+    encoded = op.encode_attrs(
+        {"scale": 2, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": 0.5}
+    )
     assert encoded == (2.0, 0, 0.0, 1.0, 0.5)
     assert isinstance(encoded[0], float)
 

@@ -25,9 +25,15 @@ import xla_gpu_ops
 
 PACKAGE = Path(xla_gpu_ops.__file__).resolve().parent
 FRONT_ENDS = {
-    "torch_ops", "jax", "torchax", "sharding",
-    "torch_xla", "xla_cuda", "torch_xla_plugin", "torch_xla_sharding",
-}  # fmt: skip
+    "torch_ops",
+    "jax",
+    "torchax",
+    "sharding",
+    "torch_xla",
+    "xla_cuda",
+    "torch_xla_plugin",
+    "torch_xla_sharding",
+}
 # Tools over every front end (HLO dumps of each, the command line): they may import any module.
 TOOLS = {"hlo", "__main__", "__init__"}
 # The torch op registers the kernel of each device; torch_xla is the XLA one.

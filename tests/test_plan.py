@@ -22,9 +22,18 @@ AUTO, MMA, SM90 = -1, 0, 1  # xgo_debug_force_prefill_kernel's values
 ATTRS = {"scale": 0.1, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None}
 
 
-def paged_call(num_tokens, max_num_seqs, head_dim=128, dtype="bfloat16", kv_dtype=None,
-               num_q_heads=32, num_kv_heads=8, page_size=16, pages_per_seq=512,
-               sliding_window=None):  # fmt: skip
+def paged_call(
+    num_tokens,
+    max_num_seqs,
+    head_dim=128,
+    dtype="bfloat16",
+    kv_dtype=None,
+    num_q_heads=32,
+    num_kv_heads=8,
+    page_size=16,
+    pages_per_seq=512,
+    sliding_window=None,
+):
     """(XgoCall, workspace elements Describe reports) of a call of these static shapes."""
     shapes = [
         (num_tokens, num_q_heads, head_dim),
@@ -48,11 +57,21 @@ def plan(call, sm90_prefill: bool, prefill_kernel: int = AUTO) -> tuple[str, int
     lib = _library.load()
     hook = lib.cdll.xgo_debug_paged_attention_plan
     hook.restype = ctypes.c_int32
-    hook.argtypes = [ctypes.POINTER(_library.XgoCall), ctypes.c_int32, ctypes.c_int32,
-                     ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64)]  # fmt: skip
+    hook.argtypes = [
+        ctypes.POINTER(_library.XgoCall),
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.POINTER(ctypes.c_int64),
+    ]
     path, workspace = ctypes.c_int32(-1), ctypes.c_int64(-1)
-    status = hook(ctypes.byref(call), int(sm90_prefill), prefill_kernel, ctypes.byref(path),
-                  ctypes.byref(workspace))  # fmt: skip
+    status = hook(
+        ctypes.byref(call),
+        int(sm90_prefill),
+        prefill_kernel,
+        ctypes.byref(path),
+        ctypes.byref(workspace),
+    )
     lib.raise_for_status(status)
     return PATHS[path.value], workspace.value
 
@@ -106,9 +125,12 @@ def test_plan_picks_the_path_for_the_device(shapes, expected):
 
 def test_plan_hook_runs_the_static_checks():
     shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,)]
-    call = _library.make_call(ops.PAGED_ATTENTION, shapes,
-                              ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32", "float32"],
-                              ops.PAGED_ATTENTION.encode_attrs(ATTRS))  # fmt: skip
+    call = _library.make_call(
+        ops.PAGED_ATTENTION,
+        shapes,
+        ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32", "float32"],
+        ops.PAGED_ATTENTION.encode_attrs(ATTRS),
+    )
     with pytest.raises(ValueError, match="head_dim"):
         plan(call, True)
 

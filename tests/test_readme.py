@@ -52,8 +52,11 @@ def test_parsing_of_blocks(tmp_path: Path) -> None:
     path.write_text(text)
     found = readme.steps(path)
     assert [(s.kind, s.runs, s.line) for s in found] == [
-        ("bash", True, 3), ("bash", True, 5), ("bash", False, 9), ("python", True, 12),
-    ]  # fmt: skip
+        ("bash", True, 3),
+        ("bash", True, 5),
+        ("bash", False, 9),
+        ("python", True, 12),
+    ]
     assert found[0].words == ["echo", "one"]
     assert found[1].text == "export A=1    B=2"
     assert found[3].text == "import os\nprint(os.sep)\n"
@@ -69,14 +72,21 @@ def test_script_runs_steps_in_one_shell_with_markers(tmp_path: Path) -> None:
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert [line.split()[1:3] for line in lines if line.startswith(readme.MARK)] == [
-        ["start", "0"], ["end", "0"], ["start", "1"], ["end", "1"],
-    ]  # fmt: skip
+        ["start", "0"],
+        ["end", "0"],
+        ["start", "1"],
+        ["end", "1"],
+    ]
     assert "7" in lines  # the export reached the python program: one shell
 
 
 def test_list_names_every_step() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / ".ci" / "readme.py"), "list"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "readme.py"), "list"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert len(out.splitlines()) == len(readme.steps())
     assert "skip README:" in out
     assert "run  README:" in out

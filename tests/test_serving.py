@@ -75,8 +75,9 @@ def test_kv_cache_update_writes_only_its_slots_in_place(dtype, cache_dtype, slot
     new_kv, slots, cache = cache_case(seed, dtype, cache_dtype, slot_dtype, scale=300.0)
     expected = loop_oracle(new_kv, slots, cache, *scales)
     pointer = cache.data_ptr()
-    returned = xla_gpu_ops.kv_cache_update(new_kv, slots, cache, k_scale=scales[0],
-                                           v_scale=scales[1])  # fmt: skip
+    returned = xla_gpu_ops.kv_cache_update(
+        new_kv, slots, cache, k_scale=scales[0], v_scale=scales[1]
+    )
     assert returned is None
     assert cache.data_ptr() == pointer
     assert same_bits(cache, expected), f"seed {seed}"
@@ -125,10 +126,12 @@ def test_scales_mean_scaled_keys_and_values():
     kv = inputs["kv_cache"].clone()
     kv[:, :, 0::2] *= 3.0
     kv[:, :, 1::2] *= 0.5
-    scaled = reference.paged_attention(**{**inputs, "kv_cache": kv}, scale=0.1,
-                                       compute_dtype=torch.float64)  # fmt: skip
-    with_attrs = reference.paged_attention(**inputs, scale=0.1, k_scale=3.0, v_scale=0.5,
-                                           compute_dtype=torch.float64)  # fmt: skip
+    scaled = reference.paged_attention(
+        **{**inputs, "kv_cache": kv}, scale=0.1, compute_dtype=torch.float64
+    )
+    with_attrs = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=3.0, v_scale=0.5, compute_dtype=torch.float64
+    )
     torch.testing.assert_close(with_attrs, scaled, rtol=1e-12, atol=1e-12)
 
 
@@ -141,8 +144,9 @@ def fp8_case(seed):
 def test_fp8_cache_through_the_torch_cpu_op():
     seed = fresh_seed()
     inputs = fp8_case(seed)
-    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.025,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=0.025, v_scale=0.025, compute_dtype=torch.float64
+    )
     out = xla_gpu_ops.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.025)
     assert out.dtype == torch.bfloat16
     error = ((out.double() - expected.double()).norm() / expected.double().norm()).item()
@@ -201,8 +205,9 @@ def test_jax_host_handler_fp8_attention_and_cache_write():
     cpu = jax.devices("cpu")[0]
     arrays = to_jax_arrays(inputs, cpu)
     out = xgo_jax.paged_attention(*arrays, scale=0.1, k_scale=0.025, v_scale=0.5)
-    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.5,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=0.025, v_scale=0.5, compute_dtype=torch.float64
+    )
     actual = torch.from_numpy(np.array(out.astype(jnp.float32)))
     error = ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
     assert error < 1e-2, f"seed {seed}: {error}"
@@ -282,8 +287,9 @@ def test_torchax_fp8_attention_equals_the_reference():
     xgo_torchax.register()
     seed = fresh_seed()
     inputs = fp8_case(seed)
-    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=0.025, v_scale=0.5,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=0.025, v_scale=0.5, compute_dtype=torch.float64
+    )
     with torchax.default_env():
         operands = [t.to("jax") for t in inputs.values()]
         out = torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)
@@ -347,8 +353,9 @@ def test_torch_xla_attention_scales_composite():
 
     device = torch_xla.device()
     inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, seed=fresh_seed(), pad_tokens=2)
-    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=2.0, v_scale=0.5,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=2.0, v_scale=0.5, compute_dtype=torch.float64
+    )
     out = torch.ops.xla_gpu.paged_attention(
         *[t.to(device) for t in inputs.values()], 0.1, None, None, 2.0, 0.5
     ).cpu()
@@ -360,9 +367,12 @@ def test_torch_xla_attention_scales_composite():
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("dtype", "cache_dtype", "slot_dtype"),
-    [(torch.bfloat16, None, torch.int32), (torch.float32, FP8, torch.int64),
-     (torch.float16, FP8, torch.int32)],
-)  # fmt: skip
+    [
+        (torch.bfloat16, None, torch.int32),
+        (torch.float32, FP8, torch.int64),
+        (torch.float16, FP8, torch.int32),
+    ],
+)
 def test_cuda_cache_write_equals_cpu_bit_for_bit(dtype, cache_dtype, slot_dtype):
     seed = fresh_seed()
     new_kv, slots, cache = cache_case(seed, dtype, cache_dtype, slot_dtype, scale=300.0)
@@ -392,10 +402,12 @@ def test_cuda_cache_write_skips_a_slot_past_the_cache_and_validation_names_it():
 def test_cuda_attention_scales():
     seed = fresh_seed()
     inputs = make_paged_inputs(MIXED, 8, 2, 128, 16, torch.bfloat16, seed=seed, pad_tokens=2)
-    expected = reference.paged_attention(**inputs, scale=0.1, k_scale=2.0, v_scale=0.5,
-                                         compute_dtype=torch.float64)  # fmt: skip
-    out = xla_gpu_ops.paged_attention(**{k: t.cuda() for k, t in inputs.items()}, scale=0.1,
-                                      k_scale=2.0, v_scale=0.5).cpu()  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, k_scale=2.0, v_scale=0.5, compute_dtype=torch.float64
+    )
+    out = xla_gpu_ops.paged_attention(
+        **{k: t.cuda() for k, t in inputs.items()}, scale=0.1, k_scale=2.0, v_scale=0.5
+    ).cpu()
     error = ((out.double() - expected).norm() / expected.norm()).item()
     assert error < 1e-2, f"seed {seed}: {error}"
 
@@ -430,8 +442,9 @@ def compile_fp8_check() -> None:
     eager = attend(*inputs.values())
     compiled = torch.compile(attend, fullgraph=True)(*inputs.values())
     assert torch.equal(compiled, eager), f"seed {seed}"
-    expected = reference.paged_attention(**fp8_case(seed), scale=0.1, k_scale=0.025, v_scale=0.5,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **fp8_case(seed), scale=0.1, k_scale=0.025, v_scale=0.5, compute_dtype=torch.float64
+    )
     assert rel_l2(compiled.cpu(), expected) < 1e-2, f"seed {seed}"
 
 
@@ -449,8 +462,10 @@ def run_in_fresh_interpreter(check: str) -> None:
     )
     result = subprocess.run(
         [sys.executable, "-c", script, str(tests_dir), str(tests_dir.parent)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -524,8 +539,9 @@ def test_torchax_cache_write_through_a_view():
     env = torchax.default_env()
     with env:
         both = two_caches.to("jax")
-        torch.ops.xla_gpu.kv_cache_update(new_kv.to("jax"), slots.to("jax"), both[:pages],
-                                          None, 0.5)  # fmt: skip
+        torch.ops.xla_gpu.kv_cache_update(
+            new_kv.to("jax"), slots.to("jax"), both[:pages], None, 0.5
+        )
         written = torch.from_numpy(np.array(both.jax()))
     assert torch.equal(written[:pages], expected)
     assert torch.equal(written[pages:], torch.zeros_like(cache))

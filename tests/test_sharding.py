@@ -34,16 +34,36 @@ needs_library = pytest.mark.skipif(
 CASES = {
     "mha_f32_mixed": ("MIXED", 4, 4, 64, 16, "float32", {"scale": 0.125}),
     "gqa2_bf16_mixed_window_cap": (
-        "MIXED", 8, 4, 64, 16, "bfloat16", {"scale": 0.125, "sliding_window": 19, "soft_cap": 4.0},
+        "MIXED",
+        8,
+        4,
+        64,
+        16,
+        "bfloat16",
+        {"scale": 0.125, "sliding_window": 19, "soft_cap": 4.0},
     ),
     # attention sinks split with the query heads
     "gqa2_f32_mixed_sinks": ("MIXED", 8, 4, 64, 16, "float32", {"scale": 0.125, "sinks": True}),
     "gqa4_f32_decode": ("DECODE", 16, 4, 128, 16, "float32", {"scale": 0.0884}),
     "gqa4_8kv_f16_prefill_cap": (
-        "PREFILL", 32, 8, 64, 8, "float16", {"scale": 0.125, "soft_cap": 3.0},
+        "PREFILL",
+        32,
+        8,
+        64,
+        8,
+        "float16",
+        {"scale": 0.125, "soft_cap": 3.0},
     ),
-    "gqa8_f32_mixed_window": ("MIXED", 32, 4, 64, 16, "float32", {"scale": 0.1, "sliding_window": 7}),
-}  # fmt: skip
+    "gqa8_f32_mixed_window": (
+        "MIXED",
+        32,
+        4,
+        64,
+        16,
+        "float32",
+        {"scale": 0.1, "sliding_window": 7},
+    ),
+}
 
 
 def log_dir() -> Path:
@@ -134,16 +154,23 @@ def test_split_errors_for_inconsistent_heads():
 
 def test_partition_entries():
     assert head_sharding.partition_entries(PAGED_ATTENTION, "heads") == [
-        (None, "heads", None), (None, None, "heads", None), (None,), (None, None), (None,), (None,),
+        (None, "heads", None),
+        (None, None, "heads", None),
+        (None,),
+        (None, None),
+        (None,),
+        (None,),
         ("heads",),  # sinks follow the query heads
-    ]  # fmt: skip
+    ]
     assert head_sharding.result_entries(PAGED_ATTENTION, [3], ("a", "b")) == [
         (None, ("a", "b"), None)
     ]
     # kv_cache_update: new_kv by its combined heads, slots replicated; the result is the cache
     assert head_sharding.partition_entries(KV_CACHE_UPDATE, "heads") == [
-        (None, "heads", None), (None,), (None, None, "heads", None),
-    ]  # fmt: skip
+        (None, "heads", None),
+        (None,),
+        (None, None, "heads", None),
+    ]
     assert KV_CACHE_UPDATE.returned_like == ("kv_cache",)
     assert head_sharding.result_entries(KV_CACHE_UPDATE, [4], "heads") == [
         (None, None, "heads", None)
@@ -930,17 +957,33 @@ def test_multi_gpu_verdicts_on_made_up_gpu_rows(monkeypatch):
         kv = [100, 16, 16 * devices, 128]
         local_kv = [100, 16, 16 if local else 16 * devices, 128]
         variant = {
-            "rel_l2": rel_l2, "max_abs": 0.0, "bitwise": False, "finite": True,
-            "collectives": list(collectives), "custom_call_kv": [f"bf16[{','.join(map(str, local_kv))}]"],
+            "rel_l2": rel_l2,
+            "max_abs": 0.0,
+            "bitwise": False,
+            "finite": True,
+            "collectives": list(collectives),
+            "custom_call_kv": [f"bf16[{','.join(map(str, local_kv))}]"],
             "out_devices": devices,
-            "timing": {"us": us, "method": "slope", "us_whole_program": us + 1,
-                       "us_whole_p10": us, "us_whole_p90": us + 2},
-        }  # fmt: skip
+            "timing": {
+                "us": us,
+                "method": "slope",
+                "us_whole_program": us + 1,
+                "us_whole_p10": us,
+                "us_whole_p90": us + 2,
+            },
+        }
         return {
-            "case": "decode", "devices": devices, "q_heads": 32 * devices, "kv_heads": 8 * devices,
-            "tokens": 32, "kv_cache_shape": kv, "kv_bytes_read": 10**9 * devices,
-            "dtype": "bfloat16", "shard_map": variant, "partitioned": dict(variant),
-        }  # fmt: skip
+            "case": "decode",
+            "devices": devices,
+            "q_heads": 32 * devices,
+            "kv_heads": 8 * devices,
+            "tokens": 32,
+            "kv_cache_shape": kv,
+            "kv_bytes_read": 10**9 * devices,
+            "dtype": "bfloat16",
+            "shard_map": variant,
+            "partitioned": dict(variant),
+        }
 
     rows = [
         row(1, 100.0),
@@ -956,9 +999,11 @@ def test_multi_gpu_verdicts_on_made_up_gpu_rows(monkeypatch):
     assert four["scaling"] == pytest.approx(0.8)
     assert all(two["checks"].values())
     assert four["checks"] == {
-        "equal_to_one_gpu": False, "no_collectives": False,
-        "custom_call_on_local_heads": False, "runs_on_all_devices": True,
-    }  # fmt: skip
+        "equal_to_one_gpu": False,
+        "no_collectives": False,
+        "custom_call_on_local_heads": False,
+        "runs_on_all_devices": True,
+    }
     assert one["head_tokens_per_s"] == pytest.approx(32 * 32 / 100e-6)
     text = multi_gpu.table(rows, on_gpu=True)
     assert "| pass |" in text

@@ -86,16 +86,22 @@ def test_torch_cpu_op_and_wrapper(kind, dtype):
     inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, dtype, seed, pad_tokens=2, sinks=True)
     expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64)
     op = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1)
-    wrapper = xla_gpu_ops.paged_attention(*(inputs[n] for n in REQUIRED), scale=0.1,
-                                          sinks=inputs["sinks"], validate=True)  # fmt: skip
+    wrapper = xla_gpu_ops.paged_attention(
+        *(inputs[n] for n in REQUIRED), scale=0.1, sinks=inputs["sinks"], validate=True
+    )
     assert torch.equal(op, wrapper)
     assert rel_l2(op, expected) < (1e-6 if dtype == torch.float32 else 1e-2), f"seed {seed}"
     # sinks=None and an empty sinks tensor are "no sinks"
     plain = xla_gpu_ops.paged_attention(*(inputs[n] for n in REQUIRED), scale=0.1)
-    assert torch.equal(plain, xla_gpu_ops.paged_attention(*(inputs[n] for n in REQUIRED),
-                                                          scale=0.1, sinks=None))  # fmt: skip
-    assert torch.equal(plain, torch.ops.xla_gpu.paged_attention(
-        *(inputs[n] for n in REQUIRED), 0.1, sinks=torch.empty(0)))  # fmt: skip
+    assert torch.equal(
+        plain, xla_gpu_ops.paged_attention(*(inputs[n] for n in REQUIRED), scale=0.1, sinks=None)
+    )
+    assert torch.equal(
+        plain,
+        torch.ops.xla_gpu.paged_attention(
+            *(inputs[n] for n in REQUIRED), 0.1, sinks=torch.empty(0)
+        ),
+    )
 
 
 @needs_library
@@ -135,13 +141,15 @@ def test_jax_host_handler(kind):
     from xla_gpu_ops import jax as xgo_jax
 
     seed = fresh_seed()
-    inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, torch.float32, seed, pad_tokens=2,
-                               sinks=True)  # fmt: skip
+    inputs = make_paged_inputs(
+        SPECS[kind], 8, 2, 64, 16, torch.float32, seed, pad_tokens=2, sinks=True
+    )
     arrays = {k: jax.numpy.asarray(v.numpy()) for k, v in inputs.items()}
     fn = jax.jit(functools.partial(xgo_jax.paged_attention, scale=0.1, soft_cap=5.0))
     out = torch.from_numpy(np.array(fn(**arrays)))
-    expected = reference.paged_attention(**inputs, scale=0.1, soft_cap=5.0,
-                                         compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs, scale=0.1, soft_cap=5.0, compute_dtype=torch.float64
+    )
     assert rel_l2(out, expected) < 1e-5, f"seed {seed}"
     text = fn.lower(**arrays).as_text()
     assert "tensor<8xf32>" in text, "the sinks operand of the custom call"
@@ -163,8 +171,9 @@ def test_torch_xla_composite_and_custom_call(monkeypatch):
     device = torch_xla.device()
     on_xla = {k: v.to(device) for k, v in inputs.items()}
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, "composite")
-    out = xla_gpu_ops.paged_attention(*(on_xla[n] for n in REQUIRED), scale=0.1,
-                                      sinks=on_xla["sinks"]).cpu()  # fmt: skip
+    out = xla_gpu_ops.paged_attention(
+        *(on_xla[n] for n in REQUIRED), scale=0.1, sinks=on_xla["sinks"]
+    ).cpu()
     expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64)
     assert rel_l2(out, expected) < 1e-5, f"seed {seed}"
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, "custom_call")
@@ -186,8 +195,9 @@ def test_fp8_cache_with_sinks(front_end):
     inputs["kv_cache"] = (inputs["kv_cache"].float() * 40.0).to(torch.float8_e4m3fn)
     attrs = {"scale": 0.1, "k_scale": 0.025, "v_scale": 0.5}
     expected = reference.paged_attention(**inputs, **attrs, compute_dtype=torch.float64)
-    plain = reference.paged_attention(**{**inputs, "sinks": None}, **attrs,
-                                      compute_dtype=torch.float64)  # fmt: skip
+    plain = reference.paged_attention(
+        **{**inputs, "sinks": None}, **attrs, compute_dtype=torch.float64
+    )
     assert rel_l2(expected, plain) > 1e-2, f"the sinks changed nothing (seed {seed})"
     if front_end == "torch":
         out = xla_gpu_ops.paged_attention(**inputs, **attrs).float()

@@ -44,13 +44,26 @@ def test_reference_matches_torch_xla_oracle(specs, sliding_window, soft_cap):
 
     inputs = make_paged_inputs(specs, 8, 2, 64, 16, torch.float64, seed=fresh_seed(), pad_tokens=3)
     scale = default_scale(64)
-    ours = reference.paged_attention(**inputs, scale=scale, sliding_window=sliding_window,
-                                     soft_cap=soft_cap, compute_dtype=torch.float64)  # fmt: skip
+    ours = reference.paged_attention(
+        **inputs,
+        scale=scale,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+        compute_dtype=torch.float64,
+    )
     theirs = _ragged_paged_attention_nonkernel(
-        inputs["query"], inputs["kv_cache"], inputs["context_lens"], inputs["block_tables"],
-        inputs["query_start_loc"], inputs["num_seqs"], None, None,
-        sm_scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
-    )  # fmt: skip
+        inputs["query"],
+        inputs["kv_cache"],
+        inputs["context_lens"],
+        inputs["block_tables"],
+        inputs["query_start_loc"],
+        inputs["num_seqs"],
+        None,
+        None,
+        sm_scale=scale,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+    )
     num_real = theirs.shape[0]
     torch.testing.assert_close(ours[:num_real], theirs, rtol=1e-10, atol=1e-10)
     assert (ours[num_real:] == 0).all(), "padding rows must be zeros"
@@ -120,8 +133,10 @@ def test_torch_compile_has_no_graph_break(device):
     tests_dir = Path(__file__).parent
     result = subprocess.run(
         [sys.executable, "-c", script, str(tests_dir), str(tests_dir.parent), device],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 

@@ -60,8 +60,13 @@ def test_composite_matches_reference_lazy(sliding_window, soft_cap):
     seed = fresh_seed()
     inputs = small_inputs(seed)
     assert xgo_torch_xla.xla_impl(torch_xla.device()) == "composite", "default on XLA:CPU"
-    expected = reference.paged_attention(**inputs, scale=0.125, sliding_window=sliding_window,
-                                         soft_cap=soft_cap, compute_dtype=torch.float64)  # fmt: skip
+    expected = reference.paged_attention(
+        **inputs,
+        scale=0.125,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+        compute_dtype=torch.float64,
+    )
     out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.125, sliding_window, soft_cap)
     torch_xla.sync()
     xm.wait_device_ops()
@@ -124,8 +129,10 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     )
     operands = re.search(r"custom-call\((.*?)\),", line)[1]
     shapes = re.findall(r"([a-z0-9]+\[[0-9,]*\])", operands)
-    expected = [f"{'f32' if t.dtype == torch.float32 else 's32'}[{','.join(map(str, t.shape))}]"
-                for t in (inputs[name] for name in ORDER)]  # fmt: skip
+    expected = [
+        f"{'f32' if t.dtype == torch.float32 else 's32'}[{','.join(map(str, t.shape))}]"
+        for t in (inputs[name] for name in ORDER)
+    ]
     expected.append("f32[0]")  # sinks left out: the empty operand the library reads as none
     assert shapes == expected, "operands must be in the launcher's order"
     attrs = {"scale": 0.1, "sliding_window": 7, "soft_cap": 5.0}

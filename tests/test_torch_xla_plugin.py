@@ -141,8 +141,9 @@ def test_targets_register_through_the_plugin_extension(artifacts_dir):
     expected = [name for op in OPS for name in (op.ffi_target, op.legacy_target)]
     assert results["targets"] == expected
     assert results["again"] == expected
-    assert results["bad_api_version"].startswith("RuntimeError: xla_cuda_plugin.so refused "
-                                                 "custom-call target xgo_bad_version"), results  # fmt: skip
+    assert results["bad_api_version"].startswith(
+        "RuntimeError: xla_cuda_plugin.so refused custom-call target xgo_bad_version"
+    ), results
     assert "API version 7 not supported for PJRT GPU plugin" in results["bad_api_version"]
     assert results["other_handler"].startswith(
         f"RuntimeError: {OPS[0].ffi_target}: already registered"
@@ -228,8 +229,10 @@ def test_platform_name_is_ours_for_our_client_only(artifacts_dir):
     assert results["originals_kept"] == [True, True], results
     ours, theirs = results["create"]["ours"], results["create"]["theirs"]
     # the plugin sees our options without the platform-name one; the caller's args are restored
-    assert results["create"]["seen"] == [["platform_name", "allocator"],
-                                         ["platform_name", "allocator"]]  # fmt: skip
+    assert results["create"]["seen"] == [
+        ["platform_name", "allocator"],
+        ["platform_name", "allocator"],
+    ]
     assert ours == [None, 0x1001, True, 3], ours
     assert theirs == [None, 0x1002, True, 2], theirs
     assert results["platform_name"] == {"ours": [None, "gpu"], "theirs": [None, "cuda"]}
@@ -258,15 +261,27 @@ def test_bad_client_option_fails_before_torch_xla_starts(monkeypatch, name, valu
 
 
 def test_client_create_options_add_the_platform_name(monkeypatch):
-    for name in (_pjrt_plugin.ALLOCATOR_ENV, _pjrt_plugin.MEMORY_FRACTION_ENV, _pjrt_plugin.PREALLOCATE_ENV,
-                 _pjrt_plugin.VISIBLE_DEVICES_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                 "LOCAL_WORLD_SIZE", "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT"):  # fmt: skip
+    for name in (
+        _pjrt_plugin.ALLOCATOR_ENV,
+        _pjrt_plugin.MEMORY_FRACTION_ENV,
+        _pjrt_plugin.PREALLOCATE_ENV,
+        _pjrt_plugin.VISIBLE_DEVICES_ENV,
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "PJRT_LOCAL_PROCESS_RANK",
+        "PJRT_LOCAL_PROCESS_COUNT",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(_pjrt_plugin.PREALLOCATE_ENV, "0")
     assert torch_xla_plugin.client_create_options() == {
-        "platform_name": "gpu", "preallocate": False, "node_id": 0, "num_nodes": 1,
+        "platform_name": "gpu",
+        "preallocate": False,
+        "node_id": 0,
+        "num_nodes": 1,
         torch_xla_plugin.PLATFORM_NAME_OPTION: "gpu",
-    }  # fmt: skip
+    }
 
 
 @needs_2_9
@@ -319,9 +334,17 @@ def test_plugin_device_registers_targets_negotiates_then_stops_at_no_gpu(artifac
     (line,) = [line for line in log.splitlines() if line.startswith("CREATE_CALLS ")]
     (options,) = json.loads(line.removeprefix("CREATE_CALLS "))  # torch_xla's one client
     assert sorted(options) == sorted(
-        ["platform_name", "allocator", "memory_fraction", "preallocate", "visible_devices",
-         "node_id", "num_nodes", torch_xla_plugin.PLATFORM_NAME_OPTION]
-    )  # fmt: skip
+        [
+            "platform_name",
+            "allocator",
+            "memory_fraction",
+            "preallocate",
+            "visible_devices",
+            "node_id",
+            "num_nodes",
+            torch_xla_plugin.PLATFORM_NAME_OPTION,
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------- a GPU + torch_xla 2.9
@@ -400,9 +423,10 @@ def test_ops_on_the_plugin_device_lazy_and_openxla_dynamo(artifacts_dir):
     assert results["hardware"] == "GPU", results  # not CUDA: no abort, a generic plugin device
     assert torch_xla_plugin.PLATFORM_NAME_OPTION in results["create_calls"][0], results
     assert results["plain_max_err"] < 1e-5, results
-    for abi, target, api in (("ffi", "xla_gpu_simple_add", "API_VERSION_TYPED_FFI"),
-                             ("legacy", "xla_gpu_simple_add_legacy",
-                              "API_VERSION_STATUS_RETURNING")):  # fmt: skip
+    for abi, target, api in (
+        ("ffi", "xla_gpu_simple_add", "API_VERSION_TYPED_FFI"),
+        ("legacy", "xla_gpu_simple_add_legacy", "API_VERSION_STATUS_RETURNING"),
+    ):
         (line,) = results[f"simple_add_{abi}_hlo"]
         assert f'custom_call_target="{target}"' in line, line
         assert api in line, line

@@ -163,9 +163,11 @@ def test_paged_attention_eager(env, jax_calls, case, dtype):
     with env:
         jax_inputs = {name: t.to("jax") for name, t in inputs.items()}
         out = torch.ops.xla_gpu.paged_attention(
-            *(jax_inputs[name] for name in OPERANDS), attrs["scale"],
-            sliding_window=attrs.get("sliding_window"), soft_cap=attrs.get("soft_cap"),
-        )  # fmt: skip
+            *(jax_inputs[name] for name in OPERANDS),
+            attrs["scale"],
+            sliding_window=attrs.get("sliding_window"),
+            soft_cap=attrs.get("soft_cap"),
+        )
         assert isinstance(out, torchax.tensor.Tensor)
         assert out.dtype == dtype
         assert tuple(out.shape) == tuple(inputs["query"].shape)
@@ -213,9 +215,16 @@ def jitted_paged_attention(attrs: dict):
 
     def torch_fn(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs):
         out = torch.ops.xla_gpu.paged_attention(
-            query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs,
-            attrs["scale"], attrs.get("sliding_window"), attrs.get("soft_cap"),
-        )  # fmt: skip
+            query,
+            kv_cache,
+            context_lens,
+            block_tables,
+            query_start_loc,
+            num_seqs,
+            attrs["scale"],
+            attrs.get("sliding_window"),
+            attrs.get("soft_cap"),
+        )
         return out.float() * 3.0
 
     return jax.jit(torchax.interop.jax_view(torch_fn))

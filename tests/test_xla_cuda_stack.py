@@ -62,19 +62,34 @@ TESTS_DIR = Path(__file__).resolve().parent
 
 # ---------------------------------------------------------------------------- any stack
 def test_client_options_from_env(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PJRT_LOCAL_PROCESS_RANK",
-                 "PJRT_LOCAL_PROCESS_COUNT"):  # fmt: skip
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "PJRT_LOCAL_PROCESS_RANK",
+        "PJRT_LOCAL_PROCESS_COUNT",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(_pjrt_plugin.ALLOCATOR_ENV, "cuda_async")
     monkeypatch.setenv(_pjrt_plugin.MEMORY_FRACTION_ENV, "0.5")
     monkeypatch.setenv(_pjrt_plugin.PREALLOCATE_ENV, "false")
     monkeypatch.setenv(_pjrt_plugin.VISIBLE_DEVICES_ENV, "1,0")
     assert _pjrt_plugin.client_options_from_env() == {
-        "platform_name": "gpu", "allocator": "cuda_async", "memory_fraction": 0.5,
-        "preallocate": False, "visible_devices": [1, 0], "node_id": 0, "num_nodes": 1,
-    }  # fmt: skip
-    for name in (_pjrt_plugin.ALLOCATOR_ENV, _pjrt_plugin.MEMORY_FRACTION_ENV, _pjrt_plugin.PREALLOCATE_ENV,
-                 _pjrt_plugin.VISIBLE_DEVICES_ENV):  # fmt: skip
+        "platform_name": "gpu",
+        "allocator": "cuda_async",
+        "memory_fraction": 0.5,
+        "preallocate": False,
+        "visible_devices": [1, 0],
+        "node_id": 0,
+        "num_nodes": 1,
+    }
+    for name in (
+        _pjrt_plugin.ALLOCATOR_ENV,
+        _pjrt_plugin.MEMORY_FRACTION_ENV,
+        _pjrt_plugin.PREALLOCATE_ENV,
+        _pjrt_plugin.VISIBLE_DEVICES_ENV,
+    ):
         monkeypatch.delenv(name)
     # torchrun, 2 local processes: one GPU each, node id = global rank
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -82,8 +97,11 @@ def test_client_options_from_env(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert _pjrt_plugin.client_options_from_env() == {
-        "platform_name": "gpu", "visible_devices": [1], "node_id": 3, "num_nodes": 4,
-    }  # fmt: skip
+        "platform_name": "gpu",
+        "visible_devices": [1],
+        "node_id": 3,
+        "num_nodes": 4,
+    }
 
 
 @pytest.mark.parametrize(
@@ -221,14 +239,23 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     device = torch_xla.device()
     out = xla_gpu_ops.paged_attention(
         **{name: t.to(device) for name, t in inputs.items()},
-        scale=0.0625, sliding_window=40, soft_cap=30.0,
-    )  # fmt: skip
+        scale=0.0625,
+        sliding_window=40,
+        soft_cap=30.0,
+    )
     line = hlo_custom_call_line(out)
     num_tokens = inputs["query"].shape[0]
     num_pages = inputs["kv_cache"].shape[0]
     max_num_seqs, pages_per_seq = inputs["block_tables"].shape
-    shapes = [(num_tokens, 8, 128), (num_pages, 16, 4, 128), (max_num_seqs,),
-              (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,), (0,)]  # fmt: skip
+    shapes = [
+        (num_tokens, 8, 128),
+        (num_pages, 16, 4, 128),
+        (max_num_seqs,),
+        (max_num_seqs, pages_per_seq),
+        (max_num_seqs + 1,),
+        (1,),
+        (0,),
+    ]
     dtypes = ["float16", "float16"] + ["int32"] * 4 + ["float32"]  # sinks: none, [0]
     config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0))
     (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[1].shape
@@ -312,9 +339,12 @@ def test_client_options_reach_the_plugin(artifacts_dir):
     """
     log = run_python(code, {}, artifacts_dir / "bogus_allocator.log")
     assert_lines_in_order(
-        log, [r"^RAISED .*Allocator bogus not supported for PJRT GPU plugin\. Supported allocator "
-              r"options are: 'default', 'platform', 'bfc' and 'cuda_async'\.$"]
-    )  # fmt: skip
+        log,
+        [
+            r"^RAISED .*Allocator bogus not supported for PJRT GPU plugin\. Supported allocator "
+            r"options are: 'default', 'platform', 'bfc' and 'cuda_async'\.$"
+        ],
+    )
 
 
 @needs_legacy_stack

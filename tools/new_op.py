@@ -72,14 +72,19 @@ def try_in_copy(name: str) -> int:
     pythons = [nox_dir / session / "bin" / "python" for session in ("tests", "kernels", "hlo")]
     python = next((p for p in pythons if p.is_file()), None)
     if python is None:
-        raise SystemExit(f"new_op --try: needs an environment of the default stack in {nox_dir}: "
-                         "run nox -s tests (or kernels) first")  # fmt: skip
+        raise SystemExit(
+            f"new_op --try: needs an environment of the default stack in {nox_dir}: "
+            "run nox -s tests (or kernels) first"
+        )
     with tempfile.TemporaryDirectory(prefix="xgo-new-op-") as scratch:
         copy = Path(scratch) / "repo"
         files = subprocess.run(
             ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-            cwd=ROOT, check=True, capture_output=True, text=True,
-        ).stdout.split("\0")  # fmt: skip
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\0")
         for relative in filter(None, files):
             if (ROOT / relative).is_file():
                 (copy / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -88,10 +93,15 @@ def try_in_copy(name: str) -> int:
             print(f"new_op --try: wrote {path.relative_to(copy)}", flush=True)
         env = {**os.environ, "XLA_GPU_OPS_BUILD_ROOT": str(copy / "build")}
         # this checkout's environments, as they are (-R): only the copy's library is built
-        nox = [shutil.which("nox") or str(nox_dir / "_bootstrap" / "bin" / "nox"), "-R",
-               "-f", str(copy / "noxfile.py")]  # fmt: skip
-        subprocess.run([*nox, "--envdir", str(nox_dir), "-s", "build"], cwd=copy, env=env,
-                       check=True)  # fmt: skip
+        nox = [
+            shutil.which("nox") or str(nox_dir / "_bootstrap" / "bin" / "nox"),
+            "-R",
+            "-f",
+            str(copy / "noxfile.py"),
+        ]
+        subprocess.run(
+            [*nox, "--envdir", str(nox_dir), "-s", "build"], cwd=copy, env=env, check=True
+        )
         # The environment's editable install finds this checkout's package through a finder
         # ahead of sys.path: drop it, in every process the tests start, so the copy's is found.
         site = Path(scratch) / "site"
@@ -100,15 +110,21 @@ def try_in_copy(name: str) -> int:
         tests = ["tests/test_every_op.py", "tests/test_op_table.py", "tests/test_hlo.py"]
         return subprocess.run(
             [str(python), "-m", "pytest", "-p", "no:cacheprovider", *tests, "-k", name],
-            cwd=copy, env={**env, "PYTHONPATH": f"{site}:{copy}"}, check=False,
-        ).returncode  # fmt: skip
+            cwd=copy,
+            env={**env, "PYTHONPATH": f"{site}:{copy}"},
+            check=False,
+        ).returncode
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", help="the op's name, snake_case (e.g. rms_norm)")
-    parser.add_argument("--try", dest="try_", action="store_true",
-                        help="make it in a throwaway copy, build and test it there")  # fmt: skip
+    parser.add_argument(
+        "--try",
+        dest="try_",
+        action="store_true",
+        help="make it in a throwaway copy, build and test it there",
+    )
     args = parser.parse_args()
     if args.try_:
         return try_in_copy(args.name)

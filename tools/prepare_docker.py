@@ -47,10 +47,17 @@ def fail(message: str) -> None:
     sys.exit(f"docker: {message}")
 
 
-def run(*command: str, capture: bool = False, env: dict[str, str] | None = None,
-        **kwargs) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run(command, capture_output=capture, text=True, check=False,
-                          env={**os.environ, **(env or {})}, **kwargs)  # fmt: skip
+def run(
+    *command: str, capture: bool = False, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        capture_output=capture,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+        **kwargs,
+    )
 
 
 def is_root() -> bool:
@@ -99,8 +106,9 @@ def ensure_daemon(cli: str) -> None:
         fail("no Docker daemon answers: start it (as root: dockerd &, or systemctl start docker)")
     DAEMON_LOG.parent.mkdir(exist_ok=True)
     with DAEMON_LOG.open("a") as daemon_log:
-        process = subprocess.Popen([dockerd], stdout=daemon_log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [dockerd], stdout=daemon_log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     for _ in range(60):
         if run(cli, "info", capture=True).returncode == 0:
             log(f"Docker daemon: started dockerd (pid {process.pid}, log {DAEMON_LOG})")
@@ -143,9 +151,15 @@ def ensure_base(cli: str) -> str:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="xgo-rootfs-") as scratch:
         rootfs = Path(scratch) / "rootfs"
-        made = run(shutil.which("debootstrap") or "/usr/sbin/debootstrap", "--variant=minbase",
-                   "--include=ca-certificates", "bookworm", str(rootfs), DEBIAN_MIRROR,
-                   capture=True)  # fmt: skip
+        made = run(
+            shutil.which("debootstrap") or "/usr/sbin/debootstrap",
+            "--variant=minbase",
+            "--include=ca-certificates",
+            "bookworm",
+            str(rootfs),
+            DEBIAN_MIRROR,
+            capture=True,
+        )
         if made.returncode != 0:
             fail(f"debootstrap failed:\n{(made.stdout + made.stderr)[-2000:]}")
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -153,8 +167,13 @@ def ensure_base(cli: str) -> str:
                 if path.is_file():
                     path.unlink()
         with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
-            imported = subprocess.run([cli, "import", "-", LOCAL_BASE], stdin=tar.stdout,
-                                      capture_output=True, text=True, check=False)  # fmt: skip
+            imported = subprocess.run(
+                [cli, "import", "-", LOCAL_BASE],
+                stdin=tar.stdout,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
         if imported.returncode != 0:
             fail(f"docker import failed: {imported.stderr.strip()}")
     log(f"base image: made {LOCAL_BASE} (debootstrap, {time.monotonic() - started:.0f} s)")
@@ -170,8 +189,17 @@ def owner_ids() -> dict[str, str]:
 def compose_builds() -> list[tuple[str, dict]]:
     """(image, build settings) of every image compose.yaml builds, in the order of the Dockerfile's
     stages (a dev image builds on the runtime one)."""
-    config = run("docker", "compose", "-f", str(ROOT / "compose.yaml"), "config", "--format",
-                 "json", capture=True, env=owner_ids())  # fmt: skip
+    config = run(
+        "docker",
+        "compose",
+        "-f",
+        str(ROOT / "compose.yaml"),
+        "config",
+        "--format",
+        "json",
+        capture=True,
+        env=owner_ids(),
+    )
     if config.returncode != 0:
         fail(f"docker compose config failed: {config.stderr.strip()}")
     builds: dict[str, dict] = {}
@@ -190,8 +218,12 @@ def inputs_hash(base: str, args: dict[str, str]) -> str:
     """What an image's venvs are made from: the Dockerfile, the locks, the noxfile, the build
     helper, the base and the build arguments."""
     digest = hashlib.sha256(f"{base}\n{sorted(args.items())}\n".encode())
-    for path in [ROOT / "Dockerfile", ROOT / "noxfile.py", ROOT / ".ci" / "with-build-ca",
-                 *sorted((ROOT / "locks").glob("*.txt"))]:  # fmt: skip
+    for path in [
+        ROOT / "Dockerfile",
+        ROOT / "noxfile.py",
+        ROOT / ".ci" / "with-build-ca",
+        *sorted((ROOT / "locks").glob("*.txt")),
+    ]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -217,23 +249,42 @@ def build_images(cli: str, base: str, rebuild: bool) -> None:
         for image, build in compose_builds():
             args = {**build.get("args", {}), "BASE_IMAGE": base}
             inputs = inputs_hash(base, args)
-            current = run(cli, "image", "inspect", "--format",
-                          f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}', image, capture=True)  # fmt: skip
+            current = run(
+                cli,
+                "image",
+                "inspect",
+                "--format",
+                f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}',
+                image,
+                capture=True,
+            )
             if not rebuild and current.returncode == 0 and current.stdout.strip() == inputs:
                 log(f"{image}: up to date")
                 continue
             started = time.monotonic()
-            command = [cli, "build", "--progress", "plain", "--target", build["target"],
-                       "-t", image, "--label", f"{INPUTS_LABEL}={inputs}",
-                       *(f"--build-arg={key}={value}" for key, value in sorted(args.items())),
-                       *(["--secret", f"id=extra_ca,src={secret}"] if secret else []),
-                       str(ROOT)]  # fmt: skip
+            command = [
+                cli,
+                "build",
+                "--progress",
+                "plain",
+                "--target",
+                build["target"],
+                "-t",
+                image,
+                "--label",
+                f"{INPUTS_LABEL}={inputs}",
+                *(f"--build-arg={key}={value}" for key, value in sorted(args.items())),
+                *(["--secret", f"id=extra_ca,src={secret}"] if secret else []),
+                str(ROOT),
+            ]
             log(f"{image}: building target {build['target']} on {base}")
             if run(*command, env={"DOCKER_BUILDKIT": "1"}).returncode != 0:
                 fail(f"building {image} failed (its output is above)")
             size = run(cli, "image", "inspect", "--format", "{{.Size}}", image, capture=True)
-            log(f"{image}: built in {time.monotonic() - started:.0f} s, "
-                f"{int(size.stdout) / 1e9:.2f} GB")  # fmt: skip
+            log(
+                f"{image}: built in {time.monotonic() - started:.0f} s, "
+                f"{int(size.stdout) / 1e9:.2f} GB"
+            )
 
 
 def main() -> int:

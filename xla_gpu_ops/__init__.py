@@ -18,8 +18,20 @@ __all__ = [op.name for op in ops.OPS]  # the public functions (xla_gpu_ops.torch
 
 # The public modules (front ends, the op table, tools), imported on attribute access. Modules
 # with a leading underscore are private: shared helpers and device kernels of the front ends.
-_SUBMODULES = ("jax", "torchax", "torch_xla", "torch_ops", "hlo", "ops", "reference", "xla_cuda",
-               "torch_xla_plugin", "sharding", "head_sharding", "torch_xla_sharding")  # fmt: skip
+_SUBMODULES = (
+    "jax",
+    "torchax",
+    "torch_xla",
+    "torch_ops",
+    "hlo",
+    "ops",
+    "reference",
+    "xla_cuda",
+    "torch_xla_plugin",
+    "sharding",
+    "head_sharding",
+    "torch_xla_sharding",
+)
 
 # On a machine without a GPU, JAX's CUDA plugin (installed with jax[cuda]) fails to start and JAX
 # logs an ERROR with a traceback before it falls back to its CPU: expected there, so not printed.

@@ -62,13 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         "hlo", help="dump HLO/StableHLO of an op and list its custom calls"
     )
     hlo_parser.add_argument(
-        "--frontend", choices=("torch_xla", "jax", "torchax"), required=True,
+        "--frontend",
+        choices=("torch_xla", "jax", "torchax"),
+        required=True,
         help="the front end that lowers the op's sample call",
-    )  # fmt: skip
+    )
     hlo_parser.add_argument(
-        "--op", choices=list(ops.BY_NAME), required=True,
+        "--op",
+        choices=list(ops.BY_NAME),
+        required=True,
         help="an op of the table (xla_gpu_ops.ops); its sample call is dumped",
-    )  # fmt: skip
+    )
     hlo_parser.add_argument("--out", required=True, help="folder for the dumps")
     hlo_parser.add_argument(
         "--zeros", action="store_true", help="all-zero inputs baked in as graph constants"

@@ -38,8 +38,11 @@ class LibraryNotBuiltError(RuntimeError):
 
 
 class XgoShape(ctypes.Structure):
-    _fields_ = [("dtype", ctypes.c_int32), ("rank", ctypes.c_int32),
-                ("dims", ctypes.c_int64 * MAX_RANK)]  # fmt: skip
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("dims", ctypes.c_int64 * MAX_RANK),
+    ]
 
 
 class XgoAttrValue(ctypes.Union):
@@ -59,8 +62,11 @@ class XgoCall(ctypes.Structure):
 
 
 class XgoResults(ctypes.Structure):
-    _fields_ = [("num_results", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("results", XgoShape * MAX_RESULTS)]  # fmt: skip
+    _fields_ = [
+        ("num_results", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("results", XgoShape * MAX_RESULTS),
+    ]
 
 
 _DESCRIBE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(XgoCall), ctypes.POINTER(XgoResults))
@@ -203,8 +209,9 @@ def load() -> Library:
         found_ops[name] = entry
     _check_table(path, found_ops)
     dtype_names = {code: name for name, code in dtype_codes.items()}
-    return Library(path=path, cdll=cdll, ops=found_ops, dtype_codes=dtype_codes,
-                   dtype_names=dtype_names)  # fmt: skip
+    return Library(
+        path=path, cdll=cdll, ops=found_ops, dtype_codes=dtype_codes, dtype_names=dtype_names
+    )
 
 
 def _check_table(path: Path, found: dict[str, LibraryOp]) -> None:
@@ -222,8 +229,12 @@ def _check_table(path: Path, found: dict[str, LibraryOp]) -> None:
         )
     for name, entry in found.items():
         op = ops.BY_NAME[name]
-        expected = (op.operand_names, op.results, op.attr_names,
-                    tuple(ATTR_F32 if a.kind is float else ATTR_I64 for a in op.attrs))  # fmt: skip
+        expected = (
+            op.operand_names,
+            op.results,
+            op.attr_names,
+            tuple(ATTR_F32 if a.kind is float else ATTR_I64 for a in op.attrs),
+        )
         actual = (entry.operand_names, entry.result_names, entry.attr_names, entry.attr_types)
         if actual != expected:
             raise RuntimeError(
@@ -249,8 +260,13 @@ def make_call(
                 f"{op.name}: {operand.name}: dtype {dtype} is not one the library knows "
                 f"({', '.join(lib.dtype_codes)})"
             )
-    call = XgoCall(magic=CALL_MAGIC, abi_version=ABI_VERSION, op=op.name.encode(),
-                   num_operands=len(shapes), num_attrs=len(attr_values))  # fmt: skip
+    call = XgoCall(
+        magic=CALL_MAGIC,
+        abi_version=ABI_VERSION,
+        op=op.name.encode(),
+        num_operands=len(shapes),
+        num_attrs=len(attr_values),
+    )
     for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
         if len(shape) > MAX_RANK:
             raise ValueError(f"{op.name}: {op.operands[i].name}: rank {len(shape)} is too large")

@@ -79,8 +79,12 @@ def plugin_library_path() -> Path:
 # PJRT_Api (pjrt_c_api.h, major 0): struct_size, extension_start, PJRT_Api_Version (24 bytes),
 # then one function pointer per entry, append-only across minor versions.
 _FUNCTIONS_OFFSET = 40
-_SLOT = {"PJRT_Error_Destroy": 0, "PJRT_Error_Message": 1, "PJRT_Client_Create": 10,
-         "PJRT_Client_PlatformName": 12}  # fmt: skip
+_SLOT = {
+    "PJRT_Error_Destroy": 0,
+    "PJRT_Error_Message": 1,
+    "PJRT_Client_Create": 10,
+    "PJRT_Client_PlatformName": 12,
+}
 _EXTENSION_GPU_CUSTOM_CALL = 0  # PJRT_Extension_Type_Gpu_Custom_Call
 
 PjrtFunction = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)  # PJRT_Error* f(Args*)
@@ -110,26 +114,43 @@ class _PjrtApiHead(ctypes.Structure):
 
 
 class _ErrorDestroyArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("error", ctypes.c_void_p)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("error", ctypes.c_void_p),
+    ]
 
 
 class _ErrorMessageArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("error", ctypes.c_void_p), ("message", ctypes.c_void_p),
-                ("message_size", ctypes.c_size_t)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("error", ctypes.c_void_p),
+        ("message", ctypes.c_void_p),
+        ("message_size", ctypes.c_size_t),
+    ]
 
 
 class _RegisterCustomCallArgs(ctypes.Structure):  # PJRT_Gpu_Register_Custom_Call_Args
-    _fields_ = [("struct_size", ctypes.c_size_t), ("function_name", ctypes.c_char_p),
-                ("function_name_size", ctypes.c_size_t), ("api_version", ctypes.c_int),
-                ("handler_instantiate", ctypes.c_void_p), ("handler_prepare", ctypes.c_void_p),
-                ("handler_initialize", ctypes.c_void_p), ("handler_execute", ctypes.c_void_p)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("function_name", ctypes.c_char_p),
+        ("function_name_size", ctypes.c_size_t),
+        ("api_version", ctypes.c_int),
+        ("handler_instantiate", ctypes.c_void_p),
+        ("handler_prepare", ctypes.c_void_p),
+        ("handler_initialize", ctypes.c_void_p),
+        ("handler_execute", ctypes.c_void_p),
+    ]
 
 
 class _GpuCustomCallExtension(ctypes.Structure):  # PJRT_Gpu_Custom_Call
-    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int),
-                ("next", ctypes.c_void_p), ("custom_call", PjrtFunction)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("type", ctypes.c_int),
+        ("next", ctypes.c_void_p),
+        ("custom_call", PjrtFunction),
+    ]
 
 
 @functools.cache
@@ -460,9 +481,15 @@ def register_custom_call_targets(
             continue
         name = entry.name.encode()
         args = _RegisterCustomCallArgs(
-            ctypes.sizeof(_RegisterCustomCallArgs), name, len(name), entry.api_version,
-            None, None, None, entry.address,
-        )  # fmt: skip
+            ctypes.sizeof(_RegisterCustomCallArgs),
+            name,
+            len(name),
+            entry.api_version,
+            None,
+            None,
+            None,
+            entry.address,
+        )
         error = extension.custom_call(ctypes.addressof(args))
         if error:
             raise RuntimeError(

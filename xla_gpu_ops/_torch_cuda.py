@@ -73,9 +73,11 @@ class _Plan:
 
     def __init__(self, op: ops.Op, tensors: list[torch.Tensor], attrs: tuple):
         self.call, results = _library.describe_call(
-            op, [t.shape for t in tensors], [dtype_name(t.dtype) for t in tensors],
+            op,
+            [t.shape for t in tensors],
+            [dtype_name(t.dtype) for t in tensors],
             op.attrs_from(attrs),
-        )  # fmt: skip
+        )
         self.call_address = ctypes.addressof(self.call)
         specs = [(spec.shape, torch_dtype(spec.dtype)) for spec in results]
         self.returned = specs[: op.returned]

@@ -36,8 +36,17 @@ HLO_API_VERSIONS = {
     "API_VERSION_STATUS_RETURNING_UNIFIED": 3,
     "API_VERSION_TYPED_FFI": 4,
 }
-_MLIR_ELEMENT_TYPES = {"i1": "pred", "i8": "s8", "i16": "s16", "i32": "s32", "i64": "s64",
-                       "ui8": "u8", "ui16": "u16", "ui32": "u32", "ui64": "u64"}  # fmt: skip
+_MLIR_ELEMENT_TYPES = {
+    "i1": "pred",
+    "i8": "s8",
+    "i16": "s16",
+    "i32": "s32",
+    "i64": "s64",
+    "ui8": "u8",
+    "ui16": "u16",
+    "ui32": "u32",
+    "ui64": "u64",
+}
 
 
 @dataclass(frozen=True)
@@ -170,8 +179,10 @@ def custom_calls_in_stablehlo(text: str) -> list[CustomCall]:
 
 def format_table(calls: Sequence[CustomCall]) -> str:
     rows = [("target", "api", "operands", "results")]
-    rows += [(c.target, str(c.api_version), " ".join(c.operand_shapes), " ".join(c.result_shapes))
-             for c in calls]  # fmt: skip
+    rows += [
+        (c.target, str(c.api_version), " ".join(c.operand_shapes), " ".join(c.result_shapes))
+        for c in calls
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
@@ -208,9 +219,12 @@ class Dump:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         written = []
-        texts = {"hlo.txt": self.hlo, "stablehlo.mlir": self.stablehlo,
-                 "after_optimizations.txt": self.after_optimizations,
-                 "notes.txt": "\n".join(self.notes)}  # fmt: skip
+        texts = {
+            "hlo.txt": self.hlo,
+            "stablehlo.mlir": self.stablehlo,
+            "after_optimizations.txt": self.after_optimizations,
+            "notes.txt": "\n".join(self.notes),
+        }
         for name, text in texts.items():
             if text:
                 (directory / name).write_text(text)
@@ -380,8 +394,11 @@ def dump_op(
         if xla_dump_dir is not None:
             dump.notes.append(_compile_torch_xla(ops.get(op), fn, args, zeros))
             dump.xla_dumps = _new_dumps(xla_dump_dir, earlier)
-            after = [text for file, text in dump.xla_dumps.items()
-                     if file.endswith("after_optimizations.txt") and custom_calls_in_hlo(text)]  # fmt: skip
+            after = [
+                text
+                for file, text in dump.xla_dumps.items()
+                if file.endswith("after_optimizations.txt") and custom_calls_in_hlo(text)
+            ]
             dump.after_optimizations = after[-1] if after else ""
     finally:
         if previous is None:

@@ -223,8 +223,9 @@ class Op:
         optional = tuple(o.name for o in self.operands[len(required) :])
         object.__setattr__(self, "optional_names", optional)
         # The call order: required operands, attributes, optional operands (as the schema).
-        object.__setattr__(self, "call_names", self.operand_names[: len(required)]
-                           + self.attr_names + optional)  # fmt: skip
+        object.__setattr__(
+            self, "call_names", self.operand_names[: len(required)] + self.attr_names + optional
+        )
         # What `bind` reads on every call, built once as a plain dict and tuple: torch.compile
         # traces the public wrappers, and dynamo cannot trace a cached_property's lock (Python
         # 3.11) nor compare a frozenset with dict keys. Required attributes map to REQUIRED,
@@ -334,8 +335,13 @@ class Extra:
     doc: str
 
 
-def public_function(op: Op, forward: Callable[..., Any], extras: Sequence[Extra] = (),
-                    module: str = __name__, doc: str = "") -> Callable[..., Any]:  # fmt: skip
+def public_function(
+    op: Op,
+    forward: Callable[..., Any],
+    extras: Sequence[Extra] = (),
+    module: str = __name__,
+    doc: str = "",
+) -> Callable[..., Any]:
     """The public function of `op` for one front end, made from the table: a real Python function
     (inspect, help and torch.compile see its parameters) whose parameters are the required
     operands, then keyword-only the attributes (with their defaults) and the optional operands

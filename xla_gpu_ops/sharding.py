@@ -294,8 +294,9 @@ def partitioned_kv_cache_update(*args: Any, abi: str = "ffi", **kwargs):
 
 
 # ---------------------------------------------------------------------------- torchax
-def _torchax_call(op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], mesh: Mesh,
-                  axis: Axis, abi: str):  # fmt: skip
+def _torchax_call(
+    op: ops.Op, args: Sequence[Any], kwargs: Mapping[str, Any], mesh: Mesh, axis: Axis, abi: str
+):
     """`shard_map_call` for a PyTorch program under torchax, returning what the torch op
     returns: results written in place are stored into their operand (torchax tensors)."""
     from torchax import interop

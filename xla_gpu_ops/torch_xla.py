@@ -162,9 +162,15 @@ def emit_custom_call(
     target = op.ffi_target if abi == "ffi" else op.legacy_target
     # pybind11 turns bytes into std::string with its NULs intact; XLA keeps the opaque as is.
     return torch_xla._XLAC._xla_custom_call(
-        inputs, target, [list(s) for s in output_shapes], output_dtypes,
-        False, backend_config, API_VERSION[abi], {},
-    )  # fmt: skip
+        inputs,
+        target,
+        [list(s) for s in output_shapes],
+        output_dtypes,
+        False,
+        backend_config,
+        API_VERSION[abi],
+        {},
+    )
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -192,17 +198,23 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
         return composite_results(op, operands, attrs)
     _prepare_runtime(device)
     abi = custom_call_abi()
-    encoded = tuple(call.attrs[a].f64 if attr.kind is float else call.attrs[a].i64
-                    for a, attr in enumerate(op.attrs))  # fmt: skip
+    encoded = tuple(
+        call.attrs[a].f64 if attr.kind is float else call.attrs[a].i64
+        for a, attr in enumerate(op.attrs)
+    )
     backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
     if op.attrs:
         key = backend_config.encode() if abi == "ffi" else backend_config
         last = op.num_required - 1  # never an optional operand: that one may be empty
         operands[last] = fold_config_into_cache_key(operands[last], key)
     outs = emit_custom_call(
-        op, operands, [r.shape for r in results], [torch_dtype(r.dtype) for r in results],
-        abi, backend_config,
-    )  # fmt: skip
+        op,
+        operands,
+        [r.shape for r in results],
+        [torch_dtype(r.dtype) for r in results],
+        abi,
+        backend_config,
+    )
     return outs[: op.returned]
 
 

@@ -62,27 +62,42 @@ class TorchXlaTooOldError(RuntimeError):
 # ---------------------------------------------------------------------------- PJRT C API layout
 # The structures of the two wrapped entries (pjrt_c_api.h, major 0; PluginApi checks the major).
 class _NamedValue(ctypes.Structure):  # PJRT_NamedValue; the union is one 8-byte slot
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("name", ctypes.c_void_p), ("name_size", ctypes.c_size_t),
-                ("type", ctypes.c_int), ("value", ctypes.c_void_p),
-                ("value_size", ctypes.c_size_t)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("name", ctypes.c_void_p),
+        ("name_size", ctypes.c_size_t),
+        ("type", ctypes.c_int),
+        ("value", ctypes.c_void_p),
+        ("value_size", ctypes.c_size_t),
+    ]
 
 
 _NAMED_VALUE_STRING = 0  # PJRT_NamedValue_kString
 
 
 class _ClientCreateArgs(ctypes.Structure):  # the leading fields of PJRT_Client_Create_Args
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("create_options", ctypes.c_void_p), ("num_options", ctypes.c_size_t),
-                ("kv_get_callback", ctypes.c_void_p), ("kv_get_user_arg", ctypes.c_void_p),
-                ("kv_put_callback", ctypes.c_void_p), ("kv_put_user_arg", ctypes.c_void_p),
-                ("client", ctypes.c_void_p)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("create_options", ctypes.c_void_p),
+        ("num_options", ctypes.c_size_t),
+        ("kv_get_callback", ctypes.c_void_p),
+        ("kv_get_user_arg", ctypes.c_void_p),
+        ("kv_put_callback", ctypes.c_void_p),
+        ("kv_put_user_arg", ctypes.c_void_p),
+        ("client", ctypes.c_void_p),
+    ]
 
 
 class _PlatformNameArgs(ctypes.Structure):  # PJRT_Client_PlatformName_Args
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("client", ctypes.c_void_p), ("platform_name", ctypes.c_void_p),
-                ("platform_name_size", ctypes.c_size_t)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("client", ctypes.c_void_p),
+        ("platform_name", ctypes.c_void_p),
+        ("platform_name_size", ctypes.c_size_t),
+    ]
 
 
 # ---------------------------------------------------------------------------- platform name
@@ -103,8 +118,10 @@ class _PlatformRename:
         self.platform_name = _pjrt_plugin.PjrtFunction(self._platform_name)
 
     def install(self) -> None:
-        for function, callback in (("PJRT_Client_Create", self.create),
-                                   ("PJRT_Client_PlatformName", self.platform_name)):  # fmt: skip
+        for function, callback in (
+            ("PJRT_Client_Create", self.create),
+            ("PJRT_Client_PlatformName", self.platform_name),
+        ):
             address = ctypes.cast(callback, ctypes.c_void_p).value
             ctypes.c_void_p.from_address(self.api.slot_address(function)).value = address
 

@@ -62,6 +62,14 @@ def scaffold(root: Path, name: str) -> list[Path]:
     folder.mkdir(parents=True)
     source = folder / f"{name}.cu"
     source.write_text(fill((TEMPLATES / "op.cu.in").read_text(), name))
+    # The name changes where lines break: lay the source out as nox -s lint checks it, where
+    # clang-format is installed (the lint session's, or one on PATH).
+    clang_format = shutil.which("clang-format") or root / ".nox" / "lint" / "bin" / "clang-format"
+    if Path(clang_format).is_file():
+        subprocess.run(
+            [str(clang_format), "-i", f"--style=file:{root / '.clang-format'}", str(source)],
+            check=True,
+        )
     return [source, table, references]
 
 

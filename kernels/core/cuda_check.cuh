@@ -8,14 +8,13 @@
 
 #include "core/status.h"
 
-#define XGO_CUDA_CHECK(expr)                                                               \
-  do {                                                                                     \
-    cudaError_t xgo_cuda_error_ = (expr);                                                  \
-    if (xgo_cuda_error_ != cudaSuccess) {                                                  \
-      return ::xgo::Fail(XGO_CUDA_ERROR, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, \
-                         #expr, cudaGetErrorString(xgo_cuda_error_),                       \
-                         cudaGetErrorName(xgo_cuda_error_));                               \
-    }                                                                                      \
+#define XGO_CUDA_CHECK(expr)                                                                      \
+  do {                                                                                            \
+    cudaError_t xgo_cuda_error_ = (expr);                                                         \
+    if (xgo_cuda_error_ != cudaSuccess) {                                                         \
+      return ::xgo::Fail(XGO_CUDA_ERROR, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #expr,  \
+                         cudaGetErrorString(xgo_cuda_error_), cudaGetErrorName(xgo_cuda_error_)); \
+    }                                                                                             \
   } while (0)
 
 // After a <<<...>>> launch: launch-configuration errors surface only through the last error.

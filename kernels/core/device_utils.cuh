@@ -14,9 +14,13 @@ namespace xgo {
 template <typename T>
 __device__ __forceinline__ float ToFloat(T x);
 template <>
-__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
+__device__ __forceinline__ float ToFloat<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToFloat<__half>(__half x) {
+  return __half2float(x);
+}
 template <>
 __device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
   return __bfloat162float(x);
@@ -25,9 +29,13 @@ __device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) {
 template <typename T>
 __device__ __forceinline__ T FromFloat(float x);
 template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -83,8 +91,8 @@ template <typename T>
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1);
 template <>
-__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4],
-                                                 uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                 uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
@@ -123,7 +131,8 @@ __device__ __forceinline__ void Mma1688<__nv_bfloat16>(float (&d)[4], uint32_t a
       : "r"(a0), "r"(a1), "r"(b));
 }
 
-// Two floats -> one 32-bit register of two 16-bit elements (lo in the low half), for MMA A operands.
+// Two floats -> one 32-bit register of two 16-bit elements (lo in the low half), for MMA A
+// operands.
 template <typename T>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi);
 template <>

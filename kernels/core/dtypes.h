@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/status.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 

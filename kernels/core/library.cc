@@ -1,5 +1,6 @@
-// Library-wide plumbing: the op table (filled by XGO_DEFINE_OP as the library loads), dtype names, the thread-local last-error message (one per
-// thread, so concurrent callers never see each other's errors) and the shared check helpers.
+// Library-wide plumbing: the op table (filled by XGO_DEFINE_OP as the library loads), dtype names,
+// the thread-local last-error message (one per thread, so concurrent callers never see each other's
+// errors) and the shared check helpers.
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>

@@ -19,9 +19,9 @@
 #include <array>
 #include <string>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/dtypes.h"
 #include "core/status.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 
@@ -95,10 +95,9 @@ int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
 // table is full (the package then reports the op as missing).
 bool RegisterOp(const XgoOpInfo* info);
 
-#define XGO_RETURN_IF_FAILED(expr)                              \
-  do {                                                          \
-    if (const int32_t xgo_status_ = (expr); xgo_status_ != XGO_OK) \
-      return xgo_status_;                                       \
+#define XGO_RETURN_IF_FAILED(expr)                                                     \
+  do {                                                                                 \
+    if (const int32_t xgo_status_ = (expr); xgo_status_ != XGO_OK) return xgo_status_; \
   } while (0)
 
 }  // namespace xgo

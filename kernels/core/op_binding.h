@@ -14,10 +14,10 @@
 #include <cstring>
 #include <string>
 
-#include "xla/ffi/api/ffi.h"
-#include "xla_gpu_ops/c_api.h"
 #include "core/op.h"
 #include "core/status.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla_gpu_ops/c_api.h"
 
 // XLA's opaque status handle of legacy custom calls (xla/service/custom_call_status.h).
 typedef struct XlaCustomCallStatus_ XlaCustomCallStatus;
@@ -47,17 +47,16 @@ int32_t DecodeCall(const XgoCall* call, OpCall<Op>* decoded) {
   if (call == nullptr) return Fail(XGO_INVALID_ARGUMENT, "%s: call: is NULL", Op::kName);
   if (call->magic != XGO_CALL_MAGIC || call->abi_version != XGO_ABI_VERSION) {
     return Fail(XGO_INVALID_ARGUMENT,
-                "%s: call: not an XgoCall of ABI version %d (magic 0x%08x, version %u)",
-                Op::kName, XGO_ABI_VERSION, call->magic, call->abi_version);
+                "%s: call: not an XgoCall of ABI version %d (magic 0x%08x, version %u)", Op::kName,
+                XGO_ABI_VERSION, call->magic, call->abi_version);
   }
   if (std::strncmp(call->op, Op::kName, XGO_MAX_OP_NAME) != 0) {
-    return Fail(XGO_INVALID_ARGUMENT, "%s: call: describes op '%.*s'", Op::kName,
-                XGO_MAX_OP_NAME, call->op);
+    return Fail(XGO_INVALID_ARGUMENT, "%s: call: describes op '%.*s'", Op::kName, XGO_MAX_OP_NAME,
+                call->op);
   }
   if (call->num_operands != NumOperands<Op>() || call->num_attrs != NumAttrs<Op>()) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: call: %d operands and %d attributes, expected %d and %d",
-                Op::kName, call->num_operands, call->num_attrs, NumOperands<Op>(),
-                NumAttrs<Op>());
+                Op::kName, call->num_operands, call->num_attrs, NumOperands<Op>(), NumAttrs<Op>());
   }
   for (int i = 0; i < NumOperands<Op>(); ++i) {
     const XgoShape& given = call->operands[i];
@@ -161,8 +160,8 @@ xla::ffi::Error DecodeFfiCall(const xla::ffi::RemainingArgs& args,
     if (!buffer.has_value()) return invalid(std::string(Op::kOperandNames[i]) + ": not a buffer");
     const auto dims = buffer->dimensions();
     if (dims.size() > XGO_MAX_RANK) {
-      return invalid(std::string(Op::kOperandNames[i]) + ": rank " +
-                     std::to_string(dims.size()) + " is too large");
+      return invalid(std::string(Op::kOperandNames[i]) + ": rank " + std::to_string(dims.size()) +
+                     " is too large");
     }
     Shape& shape = call.operands[i];
     shape.dtype = FromFfiDtype(buffer->element_type());
@@ -204,8 +203,8 @@ xla::ffi::Error DecodeFfiCall(const xla::ffi::RemainingArgs& args,
       want.dtype = expected.dtype;
       want.rank = expected.rank;
       for (int d = 0; d < expected.rank; ++d) want.dims[d] = expected.dims[d];
-      return invalid(std::string(Op::kResultNames[j]) + ": expected " +
-                     DtypeText(expected.dtype) + want.Text());
+      return invalid(std::string(Op::kResultNames[j]) + ": expected " + DtypeText(expected.dtype) +
+                     want.Text());
     }
     buffers[NumOperands<Op>() + j] = (*result)->untyped_data();
   }
@@ -264,39 +263,39 @@ struct AttrNames {
 // every source under kernels/ops/). The CUDA handler is command-buffer compatible: Op::Launch
 // only enqueues work on XLA's stream (scratch space is a result), so XLA may capture it into a
 // CUDA graph.
-#define XGO_DEFINE_OP(Op)                                                                   \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(Op##_cuda_ffi, ::xgo::CudaFfiImpl<Op>,                     \
-                                ::xla::ffi::Ffi::Bind()                                     \
-                                    .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()       \
-                                    .RemainingArgs()                                        \
-                                    .RemainingRets()                                        \
-                                    .Attrs(),                                               \
-                                {::xla::ffi::Traits::kCmdBufferCompatible});                \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(Op##_host_ffi, ::xgo::HostFfiImpl<Op>,                     \
+#define XGO_DEFINE_OP(Op)                                                                         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(Op##_cuda_ffi, ::xgo::CudaFfiImpl<Op>,                            \
+                                ::xla::ffi::Ffi::Bind()                                           \
+                                    .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()              \
+                                    .RemainingArgs()                                              \
+                                    .RemainingRets()                                              \
+                                    .Attrs(),                                                     \
+                                {::xla::ffi::Traits::kCmdBufferCompatible});                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(Op##_host_ffi, ::xgo::HostFfiImpl<Op>,                            \
                                 ::xla::ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs()); \
-  extern "C" void Op##_cuda_legacy(cudaStream_t stream, void** buffers, const char* opaque,  \
-                                   size_t opaque_len, XlaCustomCallStatus* status) {       \
-    ::xgo::LegacyEntry<Op>(stream, buffers, opaque, opaque_len, status);                    \
-  }                                                                                         \
-  namespace {                                                                               \
-  const XgoOpInfo Op##_info = {                                                             \
-      Op::kName,                                                                            \
-      ::xgo::NumOperands<Op>(),                                                             \
-      ::xgo::NumResults<Op>(),                                                              \
-      ::xgo::NumAttrs<Op>(),                                                                \
-      0,                                                                                    \
-      Op::kOperandNames.data(),                                                             \
-      Op::kResultNames.data(),                                                              \
-      ::xgo::AttrNames<Op>::kNames.data(),                                                  \
-      ::xgo::AttrTypes<Op>::kTypes.data(),                                                  \
-      &::xgo::DescribeEntry<Op>,                                                            \
-      &::xgo::LaunchEntry<Op>,                                                              \
-      &::xgo::CheckHostValuesEntry<Op>,                                                     \
-      reinterpret_cast<void*>(&Op##_cuda_ffi),                                              \
-      reinterpret_cast<void*>(&Op##_host_ffi),                                              \
-      reinterpret_cast<void*>(&Op##_cuda_legacy),                                           \
-  };                                                                                        \
-  [[maybe_unused]] const bool Op##_registered = ::xgo::RegisterOp(&Op##_info);              \
+  extern "C" void Op##_cuda_legacy(cudaStream_t stream, void** buffers, const char* opaque,       \
+                                   size_t opaque_len, XlaCustomCallStatus* status) {              \
+    ::xgo::LegacyEntry<Op>(stream, buffers, opaque, opaque_len, status);                          \
+  }                                                                                               \
+  namespace {                                                                                     \
+  const XgoOpInfo Op##_info = {                                                                   \
+      Op::kName,                                                                                  \
+      ::xgo::NumOperands<Op>(),                                                                   \
+      ::xgo::NumResults<Op>(),                                                                    \
+      ::xgo::NumAttrs<Op>(),                                                                      \
+      0,                                                                                          \
+      Op::kOperandNames.data(),                                                                   \
+      Op::kResultNames.data(),                                                                    \
+      ::xgo::AttrNames<Op>::kNames.data(),                                                        \
+      ::xgo::AttrTypes<Op>::kTypes.data(),                                                        \
+      &::xgo::DescribeEntry<Op>,                                                                  \
+      &::xgo::LaunchEntry<Op>,                                                                    \
+      &::xgo::CheckHostValuesEntry<Op>,                                                           \
+      reinterpret_cast<void*>(&Op##_cuda_ffi),                                                    \
+      reinterpret_cast<void*>(&Op##_host_ffi),                                                    \
+      reinterpret_cast<void*>(&Op##_cuda_legacy),                                                 \
+  };                                                                                              \
+  [[maybe_unused]] const bool Op##_registered = ::xgo::RegisterOp(&Op##_info);                    \
   }  // namespace
 
 #endif  // XLA_GPU_OPS_OP_BINDING_H_

@@ -1,13 +1,12 @@
 // What the XLA bindings of every op share (op_binding.h): status -> FFI error, and failure
 // reporting for legacy (api_version 2) custom calls.
-#include "core/op_binding.h"
-
 #include <dlfcn.h>
 
 #include <cstring>
 #include <optional>
 #include <string>
 
+#include "core/op_binding.h"
 #include "core/status.h"
 
 namespace xgo {

@@ -34,12 +34,12 @@ typedef enum {
 
 // Element types: the one list. Each entry: enum name, code, name (numpy's / torch's spelling),
 // size in bytes. Dispatch and error messages on both sides derive from it (dtypes.h).
-#define XGO_DTYPE_LIST(X)                 \
-  X(F32, 0, "float32", 4)                 \
-  X(F16, 1, "float16", 2)                 \
-  X(BF16, 2, "bfloat16", 2)               \
-  X(F8E4M3FN, 3, "float8_e4m3fn", 1)      \
-  X(S32, 4, "int32", 4)                   \
+#define XGO_DTYPE_LIST(X)            \
+  X(F32, 0, "float32", 4)            \
+  X(F16, 1, "float16", 2)            \
+  X(BF16, 2, "bfloat16", 2)          \
+  X(F8E4M3FN, 3, "float8_e4m3fn", 1) \
+  X(S32, 4, "int32", 4)              \
   X(S64, 5, "int64", 8)
 
 typedef enum {
@@ -75,8 +75,8 @@ typedef union {
 // One call's static description. Attributes that "None" turns off carry the op's off value
 // (e.g. sliding_window 0): the Python op table (xla_gpu_ops/ops.py) says which.
 typedef struct {
-  uint32_t magic;        // XGO_CALL_MAGIC
-  uint32_t abi_version;  // XGO_ABI_VERSION
+  uint32_t magic;            // XGO_CALL_MAGIC
+  uint32_t abi_version;      // XGO_ABI_VERSION
   char op[XGO_MAX_OP_NAME];  // NUL-terminated op name; a handler rejects another op's call
   int32_t num_operands;
   int32_t num_attrs;

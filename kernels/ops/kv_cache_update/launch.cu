@@ -12,8 +12,8 @@
 #include "core/cuda_check.cuh"
 #include "core/device_utils.cuh"
 #include "core/dtypes.cuh"
-#include "ops/kv_cache_update/kv_cache_update.h"
 #include "core/status.h"
+#include "ops/kv_cache_update/kv_cache_update.h"
 
 namespace xgo {
 namespace {
@@ -61,7 +61,8 @@ int32_t KvCacheUpdate::Launch(const Config& c, void* const* buffers, cudaStream_
     }
   }
   if (buffers[kResult] != buffers[kKvCache]) {  // not aliased: the result starts as the cache
-    const size_t bytes = static_cast<size_t>(c.num_slots() * c.row_elems()) * DtypeSize(c.cache_dtype);
+    const size_t bytes =
+        static_cast<size_t>(c.num_slots() * c.row_elems()) * DtypeSize(c.cache_dtype);
     XGO_CUDA_CHECK(cudaMemcpyAsync(buffers[kResult], buffers[kKvCache], bytes,
                                    cudaMemcpyDeviceToDevice, stream));
   }

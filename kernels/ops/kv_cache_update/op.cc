@@ -1,12 +1,11 @@
 // kv_cache_update: static checks, the host (XLA:CPU) implementation, the slot checks, and the op's
 // entry in the op table.
-#include "ops/kv_cache_update/kv_cache_update.h"
-
 #include <cmath>
 #include <cstring>
 
 #include "core/host_types.h"
 #include "core/op_binding.h"
+#include "ops/kv_cache_update/kv_cache_update.h"
 
 namespace xgo {
 namespace {
@@ -31,32 +30,37 @@ int32_t KvCacheUpdate::Describe(const OpCall<KvCacheUpdate>& call, Config* confi
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "new_kv", new_kv, ComputeDtypes{}));
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "slot_mapping", slots, DtypeSet<XGO_S32, XGO_S64>{}));
   if (cache.dtype != new_kv.dtype && cache.dtype != XGO_F8E4M3FN) {
-    return Fail(XGO_INVALID_DTYPE, "kv_cache_update: kv_cache: dtype %s is neither new_kv's %s nor float8_e4m3fn",
+    return Fail(XGO_INVALID_DTYPE,
+                "kv_cache_update: kv_cache: dtype %s is neither new_kv's %s nor float8_e4m3fn",
                 DtypeText(cache.dtype).c_str(), DtypeText(new_kv.dtype).c_str());
   }
   if (slots.dims[0] != new_kv.dims[0]) {
-    return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: slot_mapping: %lld entries, new_kv has %lld tokens",
+    return Fail(XGO_INVALID_ARGUMENT,
+                "kv_cache_update: slot_mapping: %lld entries, new_kv has %lld tokens",
                 static_cast<long long>(slots.dims[0]), static_cast<long long>(new_kv.dims[0]));
   }
   if (cache.dims[2] != new_kv.dims[1] || cache.dims[3] != new_kv.dims[2]) {
-    return Fail(XGO_INVALID_ARGUMENT,
-                "kv_cache_update: new_kv: rows of shape (%lld, %lld) do not match kv_cache's (%lld, %lld)",
-                static_cast<long long>(new_kv.dims[1]), static_cast<long long>(new_kv.dims[2]),
-                static_cast<long long>(cache.dims[2]), static_cast<long long>(cache.dims[3]));
+    return Fail(
+        XGO_INVALID_ARGUMENT,
+        "kv_cache_update: new_kv: rows of shape (%lld, %lld) do not match kv_cache's (%lld, %lld)",
+        static_cast<long long>(new_kv.dims[1]), static_cast<long long>(new_kv.dims[2]),
+        static_cast<long long>(cache.dims[2]), static_cast<long long>(cache.dims[3]));
   }
   if (cache.dims[2] <= 0 || cache.dims[2] % 2 != 0) {
-    return Fail(XGO_INVALID_ARGUMENT,
-                "kv_cache_update: kv_cache: dim 2 must be 2 * num_kv_heads (K and V interleaved), got %lld",
-                static_cast<long long>(cache.dims[2]));
+    return Fail(
+        XGO_INVALID_ARGUMENT,
+        "kv_cache_update: kv_cache: dim 2 must be 2 * num_kv_heads (K and V interleaved), got %lld",
+        static_cast<long long>(cache.dims[2]));
   }
   for (int d = 0; d < 4; ++d) {
     if (cache.dims[d] <= 0) {
-      return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: kv_cache: shape %s has an empty dimension",
+      return Fail(XGO_INVALID_ARGUMENT,
+                  "kv_cache_update: kv_cache: shape %s has an empty dimension",
                   cache.Text().c_str());
     }
   }
-  for (const auto& [name, value] : {std::pair{"k_scale", call.attrs.k_scale},
-                                    std::pair{"v_scale", call.attrs.v_scale}}) {
+  for (const auto& [name, value] :
+       {std::pair{"k_scale", call.attrs.k_scale}, std::pair{"v_scale", call.attrs.v_scale}}) {
     if (!std::isfinite(value) || value <= 0.0f) {
       return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: %s: must be finite and > 0, got %g", name,
                   static_cast<double>(value));
@@ -75,8 +79,8 @@ int32_t KvCacheUpdate::Describe(const OpCall<KvCacheUpdate>& call, Config* confi
                 cache.Text().c_str());
   }
   Config& c = *config;
-  c = Config{new_kv.dtype, cache.dtype, slots.dtype, new_kv.dims[0], cache.dims[2], cache.dims[3],
-             cache.dims[0], cache.dims[1], call.attrs.k_scale, call.attrs.v_scale};
+  c = Config{new_kv.dtype,  cache.dtype,   slots.dtype,   new_kv.dims[0],     cache.dims[2],
+             cache.dims[3], cache.dims[0], cache.dims[1], call.attrs.k_scale, call.attrs.v_scale};
   results->results[0] = ToXgoShape(cache);
   return XGO_OK;
 }

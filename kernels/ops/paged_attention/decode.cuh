@@ -50,9 +50,8 @@ struct MmaConfig {
       static_cast<size_t>(kQSmemRows + 2 * kStages * kBlockN) * kLds * 2;  // Q, stages of K, V
   // Register caps (tuning.h): decode tiles kDecodeMinBlocks, 32-key D = 256 decode tiles
   // kD256DecodeMinBlocks; 64-row tiles and 64-key D = 256 tiles none.
-  static constexpr int kMinBlocks =
-      kD > 128 ? (kTileKeys < kMmaTileKeys ? kD256DecodeMinBlocks : 1)
-               : (kRowWarps == 4 ? 1 : kDecodeMinBlocks);
+  static constexpr int kMinBlocks = kD > 128 ? (kTileKeys < kMmaTileKeys ? kD256DecodeMinBlocks : 1)
+                                             : (kRowWarps == 4 ? 1 : kDecodeMinBlocks);
   static constexpr bool kConvertInRegisters = false;  // fp8 only (MmaFp8Config)
   static_assert(kStages >= 2 && kBlockRows <= kBlockN, "Q borrows one K stage");
   static_assert(static_cast<size_t>(64) * kOutLds * 4 <= 2 * kStages * kBlockN * kLds * 2,
@@ -253,7 +252,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
   T* s_k = reinterpret_cast<T*>(smem_raw) + Cfg::kQSmemRows * kLds;
   T* s_v = s_k + kComputeStages * kStageElems;
   constexpr int kCopyElems = IsFp8<KV> ? kBlockN * kD : kStageElems;
-  KV* s_k_copy = kDequantize ? reinterpret_cast<KV*>(s_v + kStageElems) : reinterpret_cast<KV*>(s_k);
+  KV* s_k_copy =
+      kDequantize ? reinterpret_cast<KV*>(s_v + kStageElems) : reinterpret_cast<KV*>(s_k);
   KV* s_v_copy = IsFp8<KV> ? s_k_copy + kStages * kCopyElems : reinterpret_cast<KV*>(s_v);
   constexpr bool kQBorrowsK = Cfg::kQBorrowsK;
   T* s_q = !kQBorrowsK   ? reinterpret_cast<T*>(smem_raw)
@@ -304,8 +304,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
     __syncthreads();
 #pragma unroll
     for (int ks = 0; ks < kDSteps; ++ks) {
-      LdMatrixX4(q_frag[ks], s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                              ks * 16 + (lane / 16) * 8));
+      LdMatrixX4(q_frag[ks],
+                 s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8));
     }
     __syncthreads();  // every warp has its Q before the loop refills the borrowed K stage
   } else if constexpr (!kQInRegisters) {
@@ -333,7 +333,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
             LoadQFp8Order<TC, kD, kLds>(s_q_compute, ks, lane, q_frag[ks]);
           } else {
             LdMatrixX4(q_frag[ks], s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                                ks * 16 + (lane / 16) * 8));
+                                                                 ks * 16 + (lane / 16) * 8));
           }
         }
       }
@@ -346,8 +346,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
       for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
       if constexpr (kFp8InRegisters) {
         static_assert(kKeysPerWarp == 16 && kRowWarps == 1, "FP8 FRAGMENTS: one 16-row warp");
-        QkFp8<TC, kD, kLds, kQInRegisters>(s_k_copy + stage * kCopyElems, wn * kKeysPerWarp,
-                                           q_frag, s_q_compute, lane, s);
+        QkFp8<TC, kD, kLds, kQInRegisters>(s_k_copy + stage * kCopyElems, wn * kKeysPerWarp, q_frag,
+                                           s_q_compute, lane, s);
         if constexpr (kQToHalf) {
 #pragma unroll
           for (int i = 0; i < kScoreTiles; ++i) {
@@ -363,8 +363,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 #pragma unroll
         for (int ks = 0; ks < kDSteps; ks += 2) {
           uint32_t a0[4], a1[4], b[4];
-          LdMatrixX4(a0, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                       ks * 16 + (lane / 16) * 8));
+          LdMatrixX4(a0,
+                     s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8));
           LdMatrixX4(a1, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
                                                        ks * 16 + 16 + (lane / 16) * 8));
           LdMatrixX4(b, k_tile + TileOffset<T, kD, kLds>(lane % 8, ks * 16 + (lane / 8) * 8));
@@ -380,8 +380,8 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
           if constexpr (kQInRegisters) {
             a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
           } else {
-            LdMatrixX4(a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16,
-                                                        ks * 16 + (lane / 16) * 8));
+            LdMatrixX4(
+                a, s_q + TileOffset<T, kD, kLds>(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8));
           }
 #pragma unroll
           for (int np = 0; np < kScoreTiles / 2; ++np) {
@@ -481,9 +481,9 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float* dst = s_out + (warp * 16 + lane / 4 + 8 * h) * kOutLds + j * 16 + 4 * (lane % 4);
-          *reinterpret_cast<float4*>(dst) = make_float4(acc[2 * j][2 * h], acc[2 * j + 1][2 * h],
-                                                        acc[2 * j][2 * h + 1],
-                                                        acc[2 * j + 1][2 * h + 1]);
+          *reinterpret_cast<float4*>(dst) =
+              make_float4(acc[2 * j][2 * h], acc[2 * j + 1][2 * h], acc[2 * j][2 * h + 1],
+                          acc[2 * j + 1][2 * h + 1]);
         }
       }
     } else {

@@ -65,9 +65,9 @@ int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& 
       persistent ? persistent_slots : blocks_per_split * params.num_splits;
   const int64_t short_blocks =
       static_cast<int64_t>(params.max_num_seqs) * num_head_blocks * params.short_splits;
-  launch->grid = PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks),
-                             static_cast<int>(short_blocks), static_cast<int>(blocks_per_split),
-                             persistent};
+  launch->grid =
+      PrefillGrid{num_q_tiles, static_cast<int>(prefill_blocks), static_cast<int>(short_blocks),
+                  static_cast<int>(blocks_per_split), persistent};
   // With a short region (one split) a 1-D grid holds both kinds; otherwise grid.z is the split.
   launch->blocks = short_blocks > 0
                        ? dim3(static_cast<unsigned>(prefill_blocks + short_blocks))

@@ -123,10 +123,9 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
       for (int64_t r = 0; r < q_len; ++r) {
         // Query row r is token kv_len - q_len + r: causal up to it, window above pos - w.
         const int64_t q_pos = kv_len - q_len + r;
-        const int64_t first_key =
-            c.sliding_window > 0 && q_pos - c.sliding_window + 1 > 0
-                ? q_pos - c.sliding_window + 1
-                : 0;
+        const int64_t first_key = c.sliding_window > 0 && q_pos - c.sliding_window + 1 > 0
+                                      ? q_pos - c.sliding_window + 1
+                                      : 0;
         for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
           const S* q = q_data + ((q_start + r) * c.num_q_heads + h) * D;
           for (int64_t d = 0; d < D; ++d) q_row[d] = T::Load(q[d]);
@@ -168,15 +167,16 @@ int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* 
                   const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
                   void* out) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
-  return DispatchHost(ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
-    using T = typename decltype(type)::Type;
-    if (c.kv_dtype == XGO_F8E4M3FN) {
-      return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
-                                               query_start_loc, num_seqs, sinks, out);
-    }
-    return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
-                                num_seqs, sinks, out);
-  });
+  return DispatchHost(
+      ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
+        using T = typename decltype(type)::Type;
+        if (c.kv_dtype == XGO_F8E4M3FN) {
+          return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
+                                                   query_start_loc, num_seqs, sinks, out);
+        }
+        return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
+                                    num_seqs, sinks, out);
+      });
 }
 
 }  // namespace
@@ -194,13 +194,12 @@ int32_t PagedAttention::CheckHostValues(const Config& c, const void* const* oper
 }
 
 int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
-  return Attention(c, buffers[kQuery], buffers[kKvCache],
-                   static_cast<const int32_t*>(buffers[kContextLens]),
-                   static_cast<const int32_t*>(buffers[kBlockTables]),
-                   static_cast<const int32_t*>(buffers[kQueryStartLoc]),
-                   static_cast<const int32_t*>(buffers[kNumSeqs]),
-                   c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
-                   buffers[kOut]);
+  return Attention(
+      c, buffers[kQuery], buffers[kKvCache], static_cast<const int32_t*>(buffers[kContextLens]),
+      static_cast<const int32_t*>(buffers[kBlockTables]),
+      static_cast<const int32_t*>(buffers[kQueryStartLoc]),
+      static_cast<const int32_t*>(buffers[kNumSeqs]),
+      c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr, buffers[kOut]);
 }
 
 }  // namespace xgo

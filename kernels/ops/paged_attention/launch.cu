@@ -17,18 +17,18 @@
 #include <mutex>
 #include <utility>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/cuda_check.cuh"
 #include "core/dtypes.cuh"
-#include "ops/paged_attention/paged_attention.h"
+#include "core/status.h"
 #include "ops/paged_attention/decode.cuh"
 #include "ops/paged_attention/f32.cuh"
 #include "ops/paged_attention/launch.h"
 #include "ops/paged_attention/merge.cuh"
+#include "ops/paged_attention/paged_attention.h"
 #include "ops/paged_attention/params.cuh"
 #include "ops/paged_attention/plan.h"
 #include "ops/paged_attention/prep.cuh"
-#include "core/status.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 
@@ -78,7 +78,8 @@ int ChooseSplits(const PagedAttentionPlan& plan, const PagedAttentionParams& par
     return static_cast<double>(blocks) / static_cast<double>(waves * slots);
   };
   double best_fill = 0.0;
-  for (int splits = 1; splits <= plan.num_splits; ++splits) best_fill = std::max(best_fill, fill(splits));
+  for (int splits = 1; splits <= plan.num_splits; ++splits)
+    best_fill = std::max(best_fill, fill(splits));
   for (int splits = 1; splits <= plan.num_splits; ++splits) {
     if (fill(splits) >= best_fill - kSplitFillTolerance) return splits;
   }
@@ -141,9 +142,9 @@ template <typename T, typename KV>
 int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
   const bool decode = plan.path == AttentionPath::kDecodeMma;
-#define XGO_LAUNCH_MMA(D, RW)                                                                    \
-  return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                                  \
-                         MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream,           \
+#define XGO_LAUNCH_MMA(D, RW)                                                          \
+  return LaunchAttention(PagedAttentionMmaKernel<T, KV, D, RW>,                        \
+                         MmaKernelConfig<KV, D, RW>::kSmemBytes, plan, params, stream, \
                          /*programmatic=*/RW == 1)
   if (plan.path == AttentionPath::kPrefillSm90) {
     return LaunchPrefillSm90<T, KV>(plan, params, stream);
@@ -184,11 +185,11 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
       return LaunchAttention(PagedAttentionFmaKernel<64>, FmaConfig<64>::kSmemBytes, plan, params,
                              stream);
     case 128:
-      return LaunchAttention(PagedAttentionFmaKernel<128>, FmaConfig<128>::kSmemBytes, plan,
-                             params, stream);
+      return LaunchAttention(PagedAttentionFmaKernel<128>, FmaConfig<128>::kSmemBytes, plan, params,
+                             stream);
     case 256:
-      return LaunchAttention(PagedAttentionFmaKernel<256>, FmaConfig<256>::kSmemBytes, plan,
-                             params, stream);
+      return LaunchAttention(PagedAttentionFmaKernel<256>, FmaConfig<256>::kSmemBytes, plan, params,
+                             stream);
   }
   return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
               params.head_dim);
@@ -221,8 +222,8 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
   if (self_checked) {
     KernelLaunchInfo info{};
     // Any kernel of this file tells whether the device takes programmatic launches.
-    status = GetKernelLaunchInfo(reinterpret_cast<const void*>(PagedAttentionFillKernel<T>), 0,
-                                 &info);
+    status =
+        GetKernelLaunchInfo(reinterpret_cast<const void*>(PagedAttentionFillKernel<T>), 0, &info);
     if (status != XGO_OK) return status;
     if (params.num_splits > 1) {
       return LaunchKernel(PagedAttentionMergeKernel<T, MergeRows::kTokensAndFill>,

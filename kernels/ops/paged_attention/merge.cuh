@@ -22,8 +22,7 @@ __global__ void __launch_bounds__(kThreads)
   WaitForPreviousKernel();
   AllowNextKernelToLaunch();
   const bool ok = p.flags[0] != 0;
-  FillUnownedRows<T>(p, ok, ok ? p.query_start_loc[0] : 0,
-                     ok ? p.query_start_loc[*p.num_seqs] : 0);
+  FillUnownedRows<T>(p, ok, ok ? p.query_start_loc[0] : 0, ok ? p.query_start_loc[*p.num_seqs] : 0);
 }
 
 // One block per part row: 4 groups of 32 lanes, each sums every 4th split (4 float columns per
@@ -66,7 +65,8 @@ __global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
   const int n = *p.num_seqs;
   // kShortSequences: this row's slot; query_start_loc has S + 1 entries, so both loads are in
   // bounds for any slot.
-  const int seq = kShort ? static_cast<int>(row / (static_cast<int64_t>(p.short_tokens) * p.num_q_heads)) : 0;
+  const int seq =
+      kShort ? static_cast<int>(row / (static_cast<int64_t>(p.short_tokens) * p.num_q_heads)) : 0;
   const int first = p.query_start_loc[seq];
   const int seq_end = kShort ? p.query_start_loc[seq + 1] : 0;
 

@@ -1,12 +1,11 @@
 // paged_attention: the static checks of a call and its entry in the op table. Every entry point
 // (eager launch, typed FFI on CUDA and Host, legacy custom call) runs this Describe first, so they
 // accept and reject the same calls with the same words.
-#include "ops/paged_attention/paged_attention.h"
-
 #include <cmath>
 #include <cstdint>
 
 #include "core/op_binding.h"
+#include "ops/paged_attention/paged_attention.h"
 #include "ops/paged_attention/plan.h"
 
 namespace xgo {
@@ -75,7 +74,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   }
   const int64_t head_dim = query.dims[2];
   if (kv_cache.dims[3] != head_dim) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
                 static_cast<long long>(kv_cache.dims[3]), static_cast<long long>(head_dim));
   }
   if (kv_cache.dims[2] <= 0 || kv_cache.dims[2] % 2 != 0) {
@@ -84,11 +84,13 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   }
   const int64_t max_num_seqs = context_lens.dims[0];
   if (block_tables.dims[0] != max_num_seqs) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: block_tables: dim 0 is %lld, context_lens has %lld",
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: block_tables: dim 0 is %lld, context_lens has %lld",
                 static_cast<long long>(block_tables.dims[0]), static_cast<long long>(max_num_seqs));
   }
   if (query_start_loc.dims[0] != max_num_seqs + 1) {
-    return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query_start_loc: shape must be (%lld,), got %s",
+    return Fail(XGO_INVALID_ARGUMENT,
+                "paged_attention: query_start_loc: shape must be (%lld,), got %s",
                 static_cast<long long>(max_num_seqs + 1), query_start_loc.Text().c_str());
   }
   if (num_seqs.dims[0] != 1) {
@@ -151,7 +153,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
     return Fail(XGO_INVALID_ARGUMENT, "paged_attention: scale: must be finite, got %g",
                 static_cast<double>(c.scale));
   }
-  for (const auto& [name, value] : {std::pair{"k_scale", c.k_scale}, std::pair{"v_scale", c.v_scale}}) {
+  for (const auto& [name, value] :
+       {std::pair{"k_scale", c.k_scale}, std::pair{"v_scale", c.v_scale}}) {
     if (!std::isfinite(value) || value <= 0.0f) {
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be finite and > 0, got %g", name,
                   static_cast<double>(value));
@@ -163,7 +166,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                 static_cast<double>(c.scale), static_cast<double>(c.k_scale));
   }
   // The plan multiplies these; keep them in range first.
-  if (c.num_tokens > INT32_MAX / 2) return Invalid("query", "num_tokens is too large", c.num_tokens);
+  if (c.num_tokens > INT32_MAX / 2)
+    return Invalid("query", "num_tokens is too large", c.num_tokens);
   if (c.max_num_seqs > INT32_MAX / 2) {
     return Invalid("context_lens", "too many sequence slots", c.max_num_seqs);
   }

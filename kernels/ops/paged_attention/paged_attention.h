@@ -38,8 +38,7 @@ struct PagedAttention {
   static constexpr const char* kName = "paged_attention";
   enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs, kSinks };
   static constexpr std::array<const char*, 7> kOperandNames = {
-      "query",           "kv_cache", "context_lens", "block_tables",
-      "query_start_loc", "num_seqs", "sinks"};
+      "query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs", "sinks"};
   enum { kOut = 7, kWorkspace = 8 };  // buffer indices: results follow the operands
   static constexpr std::array<const char*, 2> kResultNames = {"out", "workspace"};
   struct Attrs {

@@ -39,21 +39,21 @@ struct PagedAttentionParams {
   const int32_t* query_start_loc;
   const int32_t* num_seqs;
   void* out;
-  const float* sinks;   // [Hq], or nullptr: one more logit per query head in each row's softmax
-  int32_t* flags;       // workspace words [0, state_offset)
+  const float* sinks;  // [Hq], or nullptr: one more logit per query head in each row's softmax
+  int32_t* flags;      // workspace words [0, state_offset)
   PartState* partial_state;  // [splits, T, Hq]
-  float* partial_out;   // [splits, T, Hq, D]
+  float* partial_out;        // [splits, T, Hq, D]
   int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
       pages_per_seq;
   int group_size, heads_per_block, tokens_per_tile, num_splits, page_check_chunks;
   FastDivisor page_size_div;
-  int sliding_window;   // 0: off
+  int sliding_window;     // 0: off
   float scale, soft_cap;  // soft_cap 0: off
   // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
   // short_tokens; short_splits 0 when there is no short region.
   PartState* short_state;  // [short_splits, S, short_tokens, Hq]
-  float* short_out;     // [short_splits, S, short_tokens, Hq, D]
-  int* short_order;     // [S]: written by the prep kernel
+  float* short_out;        // [short_splits, S, short_tokens, Hq, D]
+  int* short_order;        // [S]: written by the prep kernel
   int short_tokens, short_splits;
   // Decode kernel grid: (head blocks, q tiles, splits) when set, else (q tiles, head blocks,
   // splits).

@@ -1,15 +1,16 @@
 // paged_attention: what MakePagedAttentionPlan (paged_attention/plan.h) takes from the device a
 // call runs on (QueryPlanDevice), the one debugging override of its path choice, and the test
 // hooks that set that override and run the plan for a described device. Host code: no kernel.
+#include "ops/paged_attention/plan.h"
+
 #include <stdint.h>
 
 #include <atomic>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/op_binding.h"
-#include "ops/paged_attention/paged_attention.h"
-#include "ops/paged_attention/plan.h"
 #include "core/status.h"
+#include "ops/paged_attention/paged_attention.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 namespace {

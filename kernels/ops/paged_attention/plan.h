@@ -8,8 +8,8 @@
 
 #include <stdint.h>
 
-#include "xla_gpu_ops/c_api.h"
 #include "ops/paged_attention/tuning.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 
@@ -92,16 +92,16 @@ struct PlanDevice {
 
 struct PagedAttentionPlan {
   AttentionPath path;
-  bool tensor_cores;       // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
-  bool fp8_kv;             // float8_e4m3fn cache: decode tiles convert in registers; 64-row
-                           // tiles and the sm_90a kernel convert each K/V tile in shared memory
-  int row_warps;           // warps stacked over query rows (tensor-core kernel: 1 or 4)
-  int block_rows;          // query rows (token x head pairs) per block
-  int heads_per_block;     // q heads of one kv head handled together (divides the group size)
-  int tokens_per_tile;     // block_rows / heads_per_block
-  int64_t num_q_tiles;     // grid.x: static upper bound T / tokens_per_tile + S
-  int64_t num_head_blocks; // grid.y: Hq / heads_per_block
-  int num_splits;          // grid.z
+  bool tensor_cores;          // f16/bf16: mma.sync kernel; f32: FMA kernel (exact f32, no TF32)
+  bool fp8_kv;                // float8_e4m3fn cache: decode tiles convert in registers; 64-row
+                              // tiles and the sm_90a kernel convert each K/V tile in shared memory
+  int row_warps;              // warps stacked over query rows (tensor-core kernel: 1 or 4)
+  int block_rows;             // query rows (token x head pairs) per block
+  int heads_per_block;        // q heads of one kv head handled together (divides the group size)
+  int tokens_per_tile;        // block_rows / heads_per_block
+  int64_t num_q_tiles;        // grid.x: static upper bound T / tokens_per_tile + S
+  int64_t num_head_blocks;    // grid.y: Hq / heads_per_block
+  int num_splits;             // grid.z
   int64_t page_check_chunks;  // prep grid.y: ceil(pages_per_seq / kPrepPages)
   // Prefill-like batches with one split (many blocks), head_dim <= 128: sequences of at most
   // short_tokens query tokens (one 16-row tile) run as decode blocks with short_splits KV splits

@@ -8,13 +8,13 @@
 
 #include <algorithm>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/cuda_check.cuh"
+#include "core/status.h"
 #include "ops/paged_attention/launch.h"
 #include "ops/paged_attention/params.cuh"
 #include "ops/paged_attention/plan.h"
 #include "ops/paged_attention/prefill_mma.cuh"
-#include "core/status.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 namespace {

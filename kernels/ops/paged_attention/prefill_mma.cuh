@@ -145,9 +145,8 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
         }
       }
       // Logits in the log2 domain; the mask only where some real row misses some key.
-      const bool visible =
-          warp_key0 + kKeysPerWarp - 1 <= warp_lo_pos &&
-          (p.sliding_window == 0 || warp_key0 > warp_hi_pos - p.sliding_window);
+      const bool visible = warp_key0 + kKeysPerWarp - 1 <= warp_lo_pos &&
+                           (p.sliding_window == 0 || warp_key0 > warp_hi_pos - p.sliding_window);
       const int key0 = warp_key0 + 2 * (lane % 4);
       float tile_max[2 * kMTiles];
 #pragma unroll
@@ -262,9 +261,10 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;
-        const float sink = w.num_splits == 1 && r < w.rows
-                               ? SinkTerm(p, w.head0 + r % p.heads_per_block, softmax.max[2 * mi + h])
-                               : 0.0f;
+        const float sink =
+            w.num_splits == 1 && r < w.rows
+                ? SinkTerm(p, w.head0 + r % p.heads_per_block, softmax.max[2 * mi + h])
+                : 0.0f;
         inv[mi][h] = softmax.Inverse(2 * mi + h, sink);
       }
     }
@@ -344,8 +344,8 @@ __global__ void __launch_bounds__(kThreads, kPrefillMinBlocks)
     PoisonRows<T>(p, w);
     return;
   }
-  MmaTileBlock<T, kD, 1, kPrefillShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(
-      p, w, smem_raw);
+  MmaTileBlock<T, kD, 1, kPrefillShortStages, /*kSelfCheck=*/false, /*kEvictFirst=*/true>(p, w,
+                                                                                          smem_raw);
 }
 
 }  // namespace xgo

@@ -15,13 +15,13 @@
 #include <mutex>
 #include <utility>
 
-#include "xla_gpu_ops/c_api.h"
 #include "core/cuda_check.cuh"
+#include "core/status.h"
 #include "ops/paged_attention/launch.h"
 #include "ops/paged_attention/params.cuh"
 #include "ops/paged_attention/plan.h"
 #include "ops/paged_attention/prefill_sm90.cuh"
-#include "core/status.h"
+#include "xla_gpu_ops/c_api.h"
 
 namespace xgo {
 namespace {
@@ -58,8 +58,8 @@ int32_t GetSm90LaunchInfo(const void* kernel, int threads, size_t smem_bytes, in
     XGO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem_bytes)));
     int blocks_per_sm = 0;
-    XGO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads,
-                                                                 smem_bytes));
+    XGO_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem_bytes));
     computed.slots = static_cast<int64_t>(num_sms) * blocks_per_sm;
   }
   cache.emplace(key, computed);
@@ -103,8 +103,8 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
-  if (rows % 8 != 0 || !tiles_fit || address % 16 != 0 ||
-      params.num_pages <= 0 || slots > INT32_MAX || encode == nullptr) {
+  if (rows % 8 != 0 || !tiles_fit || address % 16 != 0 || params.num_pages <= 0 ||
+      slots > INT32_MAX || encode == nullptr) {
     return kv_map;
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
@@ -134,8 +134,8 @@ Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   const int heads = params.heads_per_block;
   const int tokens = params.tokens_per_tile;
-  if (encode == nullptr || params.num_tokens <= 0 || heads <= 0 ||
-      heads > 256 || tokens <= 0 || tokens > 256) {
+  if (encode == nullptr || params.num_tokens <= 0 || heads <= 0 || heads > 256 || tokens <= 0 ||
+      tokens > 256) {
     return maps;
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
@@ -166,8 +166,8 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   auto kernel = PagedAttentionSm90PrefillKernel<T, KV, kD>;
   const size_t smem = Cfg::kLaunchSmemBytes;
   Sm90LaunchInfo info{};
-  if (const int32_t status = GetSm90LaunchInfo(reinterpret_cast<const void*>(kernel),
-                                               Cfg::kThreads, smem, Cfg::kEntryRegs, &info);
+  if (const int32_t status = GetSm90LaunchInfo(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                               smem, Cfg::kEntryRegs, &info);
       status != XGO_OK) {
     return status;
   }
@@ -178,8 +178,8 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   // Persistent: one block per SM slot (the phase timestamps showed ~4 us of each block's ~19 us
   // at B8 x 2k, D 128, in its lookup, set-up, first tile and epilogue, which the producer now
   // overlaps with the item before).
-  if (const int32_t status = MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots,
-                                               info.slots, &launch);
+  if (const int32_t status =
+          MakePrefillLaunch(plan, params, Cfg::kBlockRows, info.slots, info.slots, &launch);
       status != XGO_OK) {
     return status;
   }
@@ -196,10 +196,10 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
 int32_t Sm90PrefillAvailable(bool* available) {
   Sm90LaunchInfo info{};
   using Cfg = Sm90PrefillConfig<128>;
-  const int32_t status = GetSm90LaunchInfo(
-      reinterpret_cast<const void*>(
-          PagedAttentionSm90PrefillKernel<__nv_bfloat16, __nv_bfloat16, 128>),
-      Cfg::kThreads, Cfg::kLaunchSmemBytes, Cfg::kEntryRegs, &info);
+  const int32_t status =
+      GetSm90LaunchInfo(reinterpret_cast<const void*>(
+                            PagedAttentionSm90PrefillKernel<__nv_bfloat16, __nv_bfloat16, 128>),
+                        Cfg::kThreads, Cfg::kLaunchSmemBytes, Cfg::kEntryRegs, &info);
   *available = status == XGO_OK && info.has_code;
   return status;
 }
@@ -215,12 +215,12 @@ int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& 
     case 256:
       return LaunchSm90PrefillKernel<T, KV, 256>(plan, params, stream);
   }
-  return Fail(XGO_INVALID_ARGUMENT,
-              "paged_attention: query: prefill head_dim %d is not 64/128/256", params.head_dim);
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128/256",
+              params.head_dim);
 }
 
-template int32_t LaunchPrefillSm90<__half, __half>(const PagedAttentionPlan&,
-                                                   PagedAttentionParams&, cudaStream_t);
+template int32_t LaunchPrefillSm90<__half, __half>(const PagedAttentionPlan&, PagedAttentionParams&,
+                                                   cudaStream_t);
 template int32_t LaunchPrefillSm90<__nv_bfloat16, __nv_bfloat16>(const PagedAttentionPlan&,
                                                                  PagedAttentionParams&,
                                                                  cudaStream_t);

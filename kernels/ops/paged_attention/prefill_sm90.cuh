@@ -68,14 +68,16 @@ struct Sm90PrefillConfig {
   static constexpr int kBlockN = kD > 128 ? kSm90D256TileKeys : kSm90TileKeys;
   // D = 64: its tiles are half D = 128's, so four K and four V stages fit beside the 192-row Q
   // buffers.
-  static constexpr int kKStages =
-      kD == 64 ? kSm90D64Stages : kD <= 128 ? kSm90KStages : kSm90D256Stages;
-  static constexpr int kVStages =
-      kD == 64 ? kSm90D64Stages : kD <= 128 ? kSm90VStages : kSm90D256Stages;
-  static constexpr int kChunksPerRow = kD / 8;               // 16-byte chunks of a 16-bit row
-  static constexpr int kRowsPerPass = 128 / kChunksPerRow;   // rows the producer copies per pass
-  static constexpr int kScoreRegs = kBlockN / 2;             // S accumulators per thread
-  static constexpr int kOutRegs = kD / 2;                    // O accumulators per thread
+  static constexpr int kKStages = kD == 64    ? kSm90D64Stages
+                                  : kD <= 128 ? kSm90KStages
+                                              : kSm90D256Stages;
+  static constexpr int kVStages = kD == 64    ? kSm90D64Stages
+                                  : kD <= 128 ? kSm90VStages
+                                              : kSm90D256Stages;
+  static constexpr int kChunksPerRow = kD / 8;              // 16-byte chunks of a 16-bit row
+  static constexpr int kRowsPerPass = 128 / kChunksPerRow;  // rows the producer copies per pass
+  static constexpr int kScoreRegs = kBlockN / 2;            // S accumulators per thread
+  static constexpr int kOutRegs = kD / 2;                   // O accumulators per thread
   static constexpr int kQBytes = kBlockRows * kD * 2;
   static constexpr int kTileBytes = kBlockN * kD * 2;
   // Shared memory (bytes from a 1024-byte aligned base: the 128-byte swizzle repeats every 8 rows
@@ -135,10 +137,9 @@ struct Sm90PrefillConfig {
   // Short blocks own the SM's shared memory (kSm90ShortStages).
   static constexpr int kShortStages = kSm90ShortStages;
   static constexpr size_t kShortSmemBytes =
-      kShortRegion
-          ? MmaTileConfig<std::conditional_t<kFp8, __nv_fp8_e4m3, __half>, kD, 1,
-                          kShortStages>::kSmemBytes
-          : 0;
+      kShortRegion ? MmaTileConfig<std::conditional_t<kFp8, __nv_fp8_e4m3, __half>, kD, 1,
+                                   kShortStages>::kSmemBytes
+                   : 0;
   static constexpr size_t kLaunchSmemBytes =
       kSmemBytes > kShortSmemBytes ? kSmemBytes : kShortSmemBytes;
 
@@ -268,8 +269,8 @@ __device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t*
 // Rows [t, t + box_rows) of one K or V tile (thread t, t % box_rows == 0) by TMA: one box per
 // 64-column block, from cache slot `slot` of combined head `head`.
 template <int kD>
-__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int head,
-                                                 int slot, uint32_t tile, int t, uint32_t bar) {
+__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int head, int slot,
+                                                 uint32_t tile, int t, uint32_t bar) {
   using Cfg = Sm90PrefillConfig<kD>;
   MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD * 2));
 #pragma unroll
@@ -451,8 +452,8 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   const bool tma = kv_map.box_rows > 0;
   const bool box_owner = tma && t < kN && t % kv_map.box_rows == 0;
   Sm90KeyWalk<kN> walk(p, range, table, t);
-  int prev_slot = 0;        // the box's cache slot in the previous tile (its V goes now)
-  bool prev_tma = false;    // whether the previous tile went by TMA
+  int prev_slot = 0;      // the box's cache slot in the previous tile (its V goes now)
+  bool prev_tma = false;  // whether the previous tile went by TMA
   // V of the block's tile `prev` (the previous step's: its slot and way of loading) into its stage.
   auto issue_v = [&](int prev) {
     const int stage = prev % Cfg::kVStages;
@@ -543,8 +544,8 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
     const uint32_t full = bars.StagingFull(which);
     if (load.tma) {
       if (box_owner) {
-        Sm90IssueStagingBoxes<kD>(kv_map, 2 * w.kv_head + which, load.slot,
-                                  SharedAddress(buffer), t, full);
+        Sm90IssueStagingBoxes<kD>(kv_map, 2 * w.kv_head + which, load.slot, SharedAddress(buffer),
+                                  t, full);
       }
     } else {
       Sm90IssueStagingTile<kD>(kv_head + which * kD, slots + (tile % Cfg::kSlotBuffers) * kN,
@@ -560,10 +561,9 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
     MbarWait(bars.StagingFull(which), tile & 1);
     MbarWait(which == 0 ? bars.KEmpty(stage) : bars.VEmpty(stage),
              ((tile / num_stages) & 1) ^ 1);  // the first pass over the stages does not wait
-    Sm90ConvertStaging<T, kD>(staging + which * Cfg::kStagingBytes,
-                              smem + (which == 0 ? Cfg::kKOffset : Cfg::kVOffset) +
-                                  stage * Cfg::kTileBytes,
-                              t);
+    Sm90ConvertStaging<T, kD>(
+        staging + which * Cfg::kStagingBytes,
+        smem + (which == 0 ? Cfg::kKOffset : Cfg::kVOffset) + stage * Cfg::kTileBytes, t);
     // The 16-bit tile is read by wgmma (the async proxy); the staging buffer is written next by
     // TMA (the async proxy too).
     FenceProxyAsync();
@@ -652,8 +652,8 @@ __device__ __forceinline__ void Sm90ProducerBlock(
     if (!Cfg::kQAfterFirstK || num_tiles <= 0) issue_q();
     if (!more) break;
     if constexpr (IsFp8<KV>) {
-      Sm90ProducerItemFp8<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done,
-                                 num_tiles, issue_q);
+      Sm90ProducerItemFp8<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles,
+                                 issue_q);
     } else {
       Sm90ProducerItem<T, kD>(p, kv_map, item.w, item.range, smem, bars, tiles_done, num_tiles,
                               issue_q);
@@ -798,10 +798,9 @@ __device__ __forceinline__ void Sm90ConsumerItem(
     // MN-major: 64-column blocks kN x 128 bytes apart (leading), 8-key groups 1024 apart (stride),
     // k16 step kk (16 keys) at + 2048 bytes.
     const uint32_t smem_base = SharedAddress(smem);
-    const uint64_t q_desc = Sm90Descriptor(
-        smem_base + static_cast<uint32_t>(q_buffer - smem) +
-            UniformMod<Cfg::kConsumers>(cw) * 64 * 128,
-        16, 1024);
+    const uint64_t q_desc = Sm90Descriptor(smem_base + static_cast<uint32_t>(q_buffer - smem) +
+                                               UniformMod<Cfg::kConsumers>(cw) * 64 * 128,
+                                           16, 1024);
     const uint64_t k_desc = Sm90Descriptor(smem_base + Cfg::kKOffset, 16, 1024);
     const uint64_t v_desc = Sm90Descriptor(smem_base + Cfg::kVOffset, kN * 128, 1024);
     auto qk_offset = [](int ks, int rows) -> uint64_t {
@@ -928,8 +927,8 @@ __device__ __forceinline__ void Sm90ConsumerItem(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row_base + lane / 4 + 8 * h;
-        *reinterpret_cast<uint32_t*>(q_buffer +
-                                     SwizzledOffset<Cfg::kBlockRows>(r, j) + 4 * (lane % 4)) =
+        *reinterpret_cast<uint32_t*>(q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, j) +
+                                     4 * (lane % 4)) =
             PackPair<T>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
       }
     }
@@ -956,8 +955,8 @@ __device__ __forceinline__ void Sm90ConsumerItem(
         const int chunk = i % Cfg::kChunksPerRow;
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
-        const uint4 staged = *reinterpret_cast<const uint4*>(
-            q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
+        const uint4 staged =
+            *reinterpret_cast<const uint4*>(q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
         *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
                                   chunk * 8) = staged;
       }
@@ -1002,8 +1001,8 @@ __device__ __forceinline__ void Sm90ConsumerBlock(
     if (WarpUniform(item.w.seq_ok)) {
       const int num_tiles = WarpUniform(item.range.tile_end - item.range.tile_begin);
       Sm90ConsumerItem<T, KV, kD>(p, row_maps, item.w, item.range, smem,
-                              smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars, cw, tiles_done,
-                              num_tiles);
+                                  smem + Cfg::kQOffset + qb * Cfg::kQBytes, bars, cw, tiles_done,
+                                  num_tiles);
       tiles_done += num_tiles;
     } else {
       PoisonRows<T>(p, item.w, static_cast<int>(threadIdx.x) - 128, 128 * Cfg::kConsumers);
@@ -1030,11 +1029,11 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
   __shared__ Sm90Item s_items[2];
   if (threadIdx.x == 0) {
     for (int b = 0; b < Cfg::kQStages; ++b) {
-      MbarInit(bars.QFull(b), 128);                    // every producer thread arrives
+      MbarInit(bars.QFull(b), 128);                     // every producer thread arrives
       MbarInit(bars.QEmpty(b), 128 * Cfg::kConsumers);  // every consumer thread releases
     }
     for (int s = 0; s < Cfg::kKStages; ++s) {
-      MbarInit(bars.KFull(s), 128);                    // one cp.async arrival per producer thread
+      MbarInit(bars.KFull(s), 128);  // one cp.async arrival per producer thread
       MbarInit(bars.KEmpty(s), 128 * Cfg::kConsumers);
     }
     for (int s = 0; s < Cfg::kVStages; ++s) {
@@ -1051,7 +1050,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
   } else {
     SetMaxRegistersIncrease<Cfg::kConsumerRegs>();
     Sm90ConsumerBlock<T, KV, kD>(p, row_maps, smem, bars, s_items,
-                             static_cast<int>(threadIdx.x) / 128 - 1);
+                                 static_cast<int>(threadIdx.x) / 128 - 1);
   }
 }
 #endif  // XGO_SM90A_DEVICE
@@ -1062,8 +1061,7 @@ __device__ __forceinline__ void Sm90PrefillBlock(const PagedAttentionParams& p,
 // KV: the cache's element type (T, or __nv_fp8_e4m3 converted in the producer).
 template <typename T, typename KV, int kD>
 __global__ void __launch_bounds__(Sm90PrefillConfig<kD, IsFp8<KV>>::kThreads, 1)
-    PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p,
-                                    PrefillGrid g,
+    PagedAttentionSm90PrefillKernel(const __grid_constant__ PagedAttentionParams p, PrefillGrid g,
                                     const __grid_constant__ Sm90KvTensorMap kv_map,
                                     const __grid_constant__ Sm90RowTensorMaps row_maps) {
 #if XGO_SM90A_DEVICE

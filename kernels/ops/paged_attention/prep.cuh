@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Block (x, y) checks entries [y * kPrepPages, ...) of the used pages of sequences x, x + gridDim.x..
+  // Block (x, y) checks entries [y * kPrepPages, ...) of the used pages of sequences x, x +
+  // gridDim.x..
   const int64_t capacity = static_cast<int64_t>(p.pages_per_seq) * p.page_size;
   for (int seq = blockIdx.x; seq < p.max_num_seqs; seq += gridDim.x) {
     if (!ok || seq >= n) continue;  // uniform over the block

@@ -23,7 +23,9 @@ __device__ __forceinline__ float QuietNaN() { return __int_as_float(0x7fc00000);
 
 // n / divisor for 0 <= n < 2^31 (see FastDivisor).
 __device__ __forceinline__ int FastDiv(const FastDivisor& f, int n) {
-  return f.divisor == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), f.multiplier) >> f.shift);
+  return f.divisor == 1
+             ? n
+             : static_cast<int>(__umulhi(static_cast<uint32_t>(n), f.multiplier) >> f.shift);
 }
 
 // Programmatic dependent launch (sm_90+): a kernel launched with the programmatic-serialization
@@ -89,7 +91,7 @@ struct TileWork {
   int seq, q_start, q_len, kv_len;
   int tok0, tok_end;  // this block's tokens [tok0, tok_end) of the sequence, absolute rows
   int head0, kv_head;
-  int rows;           // real rows: (tok_end - tok0) * heads_per_block
+  int rows;  // real rows: (tok_end - tok0) * heads_per_block
   bool seq_ok;
   int split, num_splits;  // this block's KV split
   bool by_sequence;       // split parts indexed by sequence (short region), not by token
@@ -409,8 +411,8 @@ struct KvTileLoader {
     }
   }
 
-  __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w,
-                                        int key0, int key_end, T* s_k, T* s_v) {
+  __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w, int key0,
+                                        int key_end, T* s_k, T* s_v) {
     const T* kv = static_cast<const T*>(p.kv_cache);
     const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
     const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;

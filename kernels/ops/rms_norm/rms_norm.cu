@@ -77,12 +77,14 @@ struct alignas(16) RmsVec {
 };
 
 __device__ __forceinline__ float BlockSum(float value, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared[warp] = value;
   __syncthreads();
   value = lane < kRmsThreads / 32 ? shared[lane] : 0.0f;
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   __syncthreads();  // shared is reused by the next row
   return value;
 }
@@ -159,7 +161,8 @@ int32_t RmsNorm::RunHost(const Config& config, void* const* buffers) {
       S* dst = static_cast<S*>(buffers[kOut]) + row * config.hidden;
       float squares = 0.0f;
       for (int64_t i = 0; i < config.hidden; ++i) squares += T::Load(in[i]) * T::Load(in[i]);
-      const float inv_rms = 1.0f / std::sqrt(squares / static_cast<float>(config.hidden) + config.eps);
+      const float inv_rms =
+          1.0f / std::sqrt(squares / static_cast<float>(config.hidden) + config.eps);
       for (int64_t i = 0; i < config.hidden; ++i) {
         dst[i] = T::Store(T::Load(in[i]) * inv_rms * T::Load(weight[i]));
       }

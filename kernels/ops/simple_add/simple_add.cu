@@ -111,10 +111,12 @@ int32_t LaunchSimpleAdd(const void* a, const void* b, void* out, int64_t n, cuda
   T* tout = static_cast<T*>(out);
   if (Aligned16(a) && Aligned16(b) && Aligned16(out)) {
     const int64_t vectors = std::max<int64_t>(1, n / Vec16<T>::kSize);
-    const int blocks = static_cast<int>(std::min(kMaxAddBlocks, (vectors + kAddThreads - 1) / kAddThreads));
+    const int blocks =
+        static_cast<int>(std::min(kMaxAddBlocks, (vectors + kAddThreads - 1) / kAddThreads));
     SimpleAddVectorKernel<T><<<blocks, kAddThreads, 0, stream>>>(ta, tb, tout, n);
   } else {
-    const int blocks = static_cast<int>(std::min(kMaxAddBlocks, (n + kAddThreads - 1) / kAddThreads));
+    const int blocks =
+        static_cast<int>(std::min(kMaxAddBlocks, (n + kAddThreads - 1) / kAddThreads));
     SimpleAddScalarKernel<T><<<blocks, kAddThreads, 0, stream>>>(ta, tb, tout, n);
   }
   XGO_CUDA_CHECK(cudaGetLastError());

@@ -96,6 +96,12 @@ EDITABLE_ARGS = (
 )
 
 
+def kernel_sources() -> list[str]:
+    """The C++/CUDA sources clang-format lays out (.clang-format)."""
+    suffixes = {".h", ".cuh", ".cc", ".cu"}
+    return sorted(str(p) for p in (ROOT / "kernels").rglob("*") if p.suffix in suffixes)
+
+
 def install_package(session: nox.Session) -> None:
     session.install(*EDITABLE_ARGS)
 
@@ -208,14 +214,18 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (check + format), hadolint on the Dockerfile, compose and dev container schemas.
+    """ruff (check + format), clang-format over kernels/, mypy on the package, hadolint on the
+    Dockerfile, compose and dev container schemas.
 
-    Runs every check, then fails if any did, so one run shows all findings.
+    Runs every check, then fails if any did, so one run shows all findings. The same checks run
+    before each commit with pre-commit (.pre-commit-config.yaml, docs/ADDING_AN_OP.md).
     """
     install_lock(session, "lint")
     checks = {
         "ruff check": ["ruff", "check", "."],
         "ruff format": ["ruff", "format", "--check", "."],
+        "clang-format": ["clang-format", "--dry-run", "-Werror", *kernel_sources()],
+        "mypy": ["mypy"],
         "containers": ["python", str(ROOT / ".ci" / "lint_containers.py"), str(ROOT)],
     }
     failed = []

@@ -17,15 +17,14 @@ from xla_gpu_ops._platform import prefer_cpu_without_gpu
 
 def _hlo_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    xla_dump_dir = out / "xla_dump"
     # XLA reads XLA_FLAGS once, when its backend starts: set it before any framework import.
     from xla_gpu_ops import hlo
 
     flags = os.environ.get("XLA_FLAGS", "")
+    xla_dump_dir: Path | None = None  # the caller chose where XLA dumps: do not guess
     if "--xla_dump_to" not in flags:
+        xla_dump_dir = out / "xla_dump"
         os.environ["XLA_FLAGS"] = f"{flags} {hlo.xla_dump_flags(xla_dump_dir.resolve())}".strip()
-    else:
-        xla_dump_dir = None  # the caller chose where XLA dumps; do not guess
     op = ops.get(args.op)
     dump = hlo.dump_op(args.frontend, op, zeros=args.zeros, xla_dump_dir=xla_dump_dir)
     written = dump.write(out)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from xla_gpu_ops import ops
+from xla_gpu_ops.ops import Op
 
 ABI_VERSION = 3
 LIBRARY_ENV = "XLA_GPU_OPS_LIBRARY"  # optional override: path of a libxla_gpu_ops.so to load
@@ -132,7 +133,7 @@ class Library:
     dtype_codes: dict[str, int]  # "bfloat16" -> code, from the library's own list
     dtype_names: dict[int, str]  # the inverse
 
-    def op(self, op: ops.Op | str) -> LibraryOp:
+    def op(self, op: Op | str) -> LibraryOp:
         return self.ops[ops.get(op).name]
 
     def last_error(self) -> str:

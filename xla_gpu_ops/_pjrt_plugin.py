@@ -226,7 +226,7 @@ class PluginApi:
         return self.address + _FUNCTIONS_OFFSET + 8 * _SLOT[function]
 
     def function(self, function: str) -> int:
-        return ctypes.c_void_p.from_address(self.slot_address(function)).value
+        return ctypes.c_void_p.from_address(self.slot_address(function)).value or 0  # 0: NULL
 
     def call(self, function: str, args: ctypes.Structure) -> int | None:
         return PjrtFunction(self.function(function))(ctypes.addressof(args))

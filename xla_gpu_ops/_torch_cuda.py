@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+from typing import Any
 
 import torch
 
@@ -104,7 +105,7 @@ def make_kernel(op: ops.Op, functional: bool = False):
     plans: dict[tuple, _Plan] = {}
     # result index -> operand index: written in place
     aliases = {} if functional else dict(op.aliases)
-    launch = None  # the library's launch entry, resolved on first use
+    launch: Any = None  # the library's launch entry, resolved on first use
     pick = op.torch_result(functional)
     shape_of, dtype_of = operator.attrgetter("shape"), operator.attrgetter("dtype")
 

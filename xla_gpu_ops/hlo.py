@@ -260,7 +260,7 @@ def sample_inputs(op: ops.Op | str, zeros: bool = False) -> dict[str, np.ndarray
     a valid empty batch): the case where a graph built from constants could be folded into a
     constant.
     """
-    return ops.get(op).sample(zeros)
+    return ops.get(op).sample_call(zeros)
 
 
 # ---------------------------------------------------------------------------- front ends

@@ -111,6 +111,12 @@ class Op:
     # call a constant folder would fold). The HLO checks and every front end's tests use it.
     sample: Callable[[bool], dict[str, np.ndarray]] | None = field(default=None, compare=False)
     sample_attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # Derived from the fields above in __post_init__, not arguments.
+    num_required: int = field(init=False, repr=False, compare=False)
+    optional_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    call_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _keyword_template: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _required_attrs: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived names
     @property
@@ -207,6 +213,11 @@ class Op:
         for e in extras:
             lines.append(f"    {e.name} (default {e.default!r}): {e.doc}")
         return "\n".join(lines + (["", note.strip()] if note else []))
+
+    def sample_call(self, zeros: bool = False) -> dict[str, np.ndarray]:
+        """The operands of the op's sample call (every operand zero when zeros is True)."""
+        assert self.sample is not None  # __post_init__ refuses an Op without one
+        return self.sample(zeros)
 
     # ------------------------------------------------------------------ calls
     def __post_init__(self) -> None:

@@ -202,9 +202,13 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
         call.attrs[a].f64 if attr.kind is float else call.attrs[a].i64
         for a, attr in enumerate(op.attrs)
     )
-    backend_config = attributes_text(op, encoded) if abi == "ffi" else bytes(call)
+    backend_config: str | bytes
+    if abi == "ffi":
+        backend_config = attributes_text(op, encoded)
+        key = backend_config.encode()
+    else:
+        backend_config = key = bytes(call)
     if op.attrs:
-        key = backend_config.encode() if abi == "ffi" else backend_config
         last = op.num_required - 1  # never an optional operand: that one may be empty
         operands[last] = fold_config_into_cache_key(operands[last], key)
     outs = emit_custom_call(

@@ -129,8 +129,8 @@ class _PlatformRename:
         args = _ClientCreateArgs.from_address(args_address)
         try:
             stripped = self._strip_platform_option(args)
-        except Exception as error:  # a Python error must not turn into a fake success
-            self.create_errors.append(repr(error))
+        except Exception as failure:  # a Python error must not turn into a fake success
+            self.create_errors.append(repr(failure))
             stripped = None
         if stripped is None:  # another framework's client (JAX's, ...): untouched
             return self.original_create(args_address)
@@ -221,7 +221,7 @@ def client_create_options() -> dict:
 
 @functools.cache
 def _plugin_class() -> type:
-    class JaxCudaPluginDevice(_pjrt_plugin.device_plugin_class()):
+    class JaxCudaPluginDevice(_pjrt_plugin.device_plugin_class()):  # type: ignore[misc]  # made at run time
         """XLA's GPU PJRT plugin (jax-cuda12-pjrt) as torch_xla's generic device "GPU"."""
 
         def library_path(self) -> str:

@@ -113,8 +113,8 @@ def call(
         xs.disable_manual_sharding(out, spec, shape, mesh=mesh).global_tensor
         for out, spec, shape in zip(outs, out_specs, full_shapes, strict=True)
     )
-    for result, operand in op.aliases.items():
-        operands[operand].copy_(results[result])
+    for result, index in op.aliases.items():
+        operands[index].copy_(results[result])
     return op.torch_result()(results)
 
 

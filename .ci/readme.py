@@ -183,6 +183,17 @@ def run_steps(run: list[Step], log: Path) -> tuple[int, list[dict]]:
     return process.returncode, results
 
 
+def stop_problems(exit_code: int, results: list[dict]) -> list[str]:
+    """The step that stopped README's commands, and the steps after it, which did not run."""
+    if exit_code == 0:
+        return []
+    stopped = [entry["step"] for entry in results if not entry["ended"]]
+    problems = [f"README's commands stopped with exit {exit_code} at: {(stopped or ['?'])[0]}"]
+    if len(stopped) > 1:
+        problems.append(f"not run: {'; '.join(stopped[1:])}")
+    return problems
+
+
 def counts(summary: str) -> dict[str, int]:
     return {
         word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", summary)
@@ -190,7 +201,9 @@ def counts(summary: str) -> dict[str, int]:
 
 
 def check_pytest(results: list[dict], problems: list[str]) -> dict[str, list[str]]:
-    """Every pytest run passed tests and failed none; compose's runs equal the host's."""
+    """Every pytest run passed tests and failed none; compose's runs equal the host's. After a
+    step that stopped, only the runs that happened are judged: the steps that never ran are
+    reported as such by the caller, not as runs without pytest."""
     found: dict[str, list[str]] = {}
     words: dict[str, list[str]] = {}
     for entry in results:
@@ -198,6 +211,8 @@ def check_pytest(results: list[dict], problems: list[str]) -> dict[str, list[str
         if lines:
             found[entry["step"]], words[entry["step"]] = lines, entry["words"]
             problems += [f"{entry['step']}: {p}" for p in pytest_summaries.problems(lines)]
+    if not all(entry["ended"] for entry in results):
+        return found
     host = next(
         (
             lines
@@ -353,9 +368,7 @@ def main() -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     exit_code, results = run_steps(run, log)
     problems: list[str] = []
-    if exit_code != 0:
-        failed = next((entry["step"] for entry in results if not entry["ended"]), "?")
-        problems.append(f"README's commands stopped with exit {exit_code} at: {failed}")
+    problems += stop_problems(exit_code, results)
     record: dict[str, object] = {
         "commands": [
             {key: entry[key] for key in ("step", "line", "seconds") if key in entry}

@@ -80,6 +80,23 @@ def test_script_runs_steps_in_one_shell_with_markers(tmp_path: Path) -> None:
     assert "7" in lines  # the export reached the python program: one shell
 
 
+def test_a_stopped_step_is_named_and_the_rest_listed_as_not_run(tmp_path: Path) -> None:
+    """The summary names the step that failed and lists the later ones as not run, instead of
+    reporting them as runs without pytest."""
+    path = tmp_path / "README.md"
+    path.write_text("```bash\necho one\n```\n```bash\nfalse\n```\n```bash\necho three\n```\n")
+    code, results = readme.run_steps(readme.steps(path), tmp_path / "log")
+    assert code != 0
+    assert [entry["ended"] for entry in results] == [True, False, False]
+    assert readme.stop_problems(code, results) == [
+        f"README's commands stopped with exit {code} at: false",
+        "not run: echo three",
+    ]
+    problems: list[str] = []
+    readme.check_pytest(results, problems)
+    assert problems == []
+
+
 def test_list_names_every_step() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / ".ci" / "readme.py"), "list"],

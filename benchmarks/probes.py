@@ -23,6 +23,10 @@ sinks: our op with attention sinks against the same call without, on the anchor 
 B32 x 4k, B1 x 64k; prefill B8 x 2k, B1 x 8k; the mixed batch) and gpt-oss-shaped ones (Hq 64 /
 Hkv 8, D 64, sliding window 128 and full): each pair timed in alternation, twice, with the ratio
 (the target: <= 1.03) and the relative L2 error of the sinks output against a float32 reference.
+rms_norm [--shapes NxH ...]: our rms_norm (bf16) beside torch.nn.functional.rms_norm eager and
+under torch.compile (on a GPU), each timed twice on two input copies; the bytes floor is read x and
+weight + write out at the copy bandwidth measured first (target: >= 0.85 of it at N x H >= 8k x
+4k), and each output's relative L2 error against F.rms_norm in float32.
 prefill [--cases SUBSTR] [--ours-only]: the causal prefill rows (B1 x 8k and B8 x 2k at D 64, 128,
 256) and the mixed batch on the sm_90a kernel and on the mma.sync one (each forced in turn by
 the library's test hook), and torch SDPA on contiguous K/V; each kernel's relative L2 error
@@ -51,7 +55,7 @@ from benchmarks.cases import (
     rel_l2,
     scale_of,
 )
-from benchmarks.ceilings import measure_ceilings
+from benchmarks.ceilings import free_memory, measure_ceilings
 from benchmarks.peers import prepare_torch_sdpa_contiguous
 from benchmarks.runners import BenchEnv, NotApplicable
 from benchmarks.timing import time_torch
@@ -369,6 +373,66 @@ def probe_sinks() -> None:
         del copies, plain, with_sinks
 
 
+# ------------------------------------------------------------------------------ rms_norm
+RMS_NORM_SHAPES = ((8192, 4096), (16384, 4096), (4096, 8192), (32768, 8192))  # N x H
+
+
+def probe_rms_norm(shapes=RMS_NORM_SHAPES, dtype_name: str = "bfloat16") -> list[dict]:
+    """Rows of (case, impl, µs, again, floor µs, fraction, rel_l2); printed as they come."""
+    import torch
+    import torch.nn.functional as F
+
+    import xla_gpu_ops
+
+    on_gpu = torch.cuda.is_available()
+    device, dtype = ("cuda" if on_gpu else "cpu"), getattr(torch, dtype_name)
+    copy_gbps = measure_ceilings(on_gpu, SAMPLES)["copy_gbps"]
+    print(f"library {ours.library_path()}; {device}; copy {copy_gbps:.0f} GB/s", flush=True)
+    print(f"{'case':28s} {'impl':14s} {'µs':>9s} {'again':>9s} floor µs fraction  rel_l2")
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    for n, h in shapes:
+        copies = [
+            (
+                torch.randn(n, h, generator=gen, device=device).to(dtype),
+                (torch.rand(h, generator=gen, device=device) + 0.5).to(dtype),
+            )
+            for _ in range(2)
+        ]
+        impls = {
+            "ours": lambda x, w: xla_gpu_ops.rms_norm(x, w, eps=1e-6),
+            "torch": lambda x, w, h=h: F.rms_norm(x, (h,), w, 1e-6),
+        }
+        if on_gpu:  # inductor's CPU code needs a C++ toolchain: the GPU row is the one that counts
+            impls["torch.compile"] = torch.compile(lambda x, w, h=h: F.rms_norm(x, (h,), w, 1e-6))
+        x, w = copies[0]
+        want = F.rms_norm(x.float(), (h,), w.float(), 1e-6)
+        floor_us = (2 * n * h + h) * x.element_size() / (copy_gbps * 1e3)
+        case = f"rms_norm_{n}x{h}_{dtype_name}"
+        for name, fn in impls.items():
+            error = rel_l2(fn(x, w).float(), want)
+            calls = [lambda fn=fn, c=c: fn(*c) for c in copies]
+            first, again = _us(calls), _us(calls)
+            row = {
+                "case": case,
+                "impl": name,
+                "us": first,
+                "again": again,
+                "floor_us": floor_us,
+                "fraction": floor_us / max(first, again),
+                "rel_l2": error,
+            }
+            rows.append(row)
+            print(
+                f"{case:28s} {name:14s} {first:9.1f} {again:9.1f} {floor_us:8.1f} "
+                f"{row['fraction']:8.3f}  {error:.1e}",
+                flush=True,
+            )
+        del copies
+        free_memory(on_gpu)
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks probe",
@@ -381,6 +445,8 @@ def main(argv: list[str]) -> int:
     decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")
     sub.add_parser("sinks", help="the cost of attention sinks on the anchor and gpt-oss rows")
     sub.add_parser("fp8", help="an fp8 cache against a 16-bit one: prefill, mixed, decode")
+    rms = sub.add_parser("rms_norm", help="rms_norm beside torch's, eager and compiled")
+    rms.add_argument("--shapes", nargs="*", default=[], help="N x H, e.g. 8192x4096")
     prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
     prefill.add_argument("--cases", default="", help="keep the cases whose name contains this")
     prefill.add_argument("--ours-only", action="store_true", help="our op alone, its own choice")
@@ -393,5 +459,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.probe == "fp8":
         probe_fp8()
+        return 0
+    if args.probe == "rms_norm":
+        shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes]
+        probe_rms_norm(shapes or RMS_NORM_SHAPES)
         return 0
     return probe_prefill(args.cases, args.ours_only)

@@ -1204,6 +1204,26 @@ def test_prefill_probe_checks_sampled_rows_against_float32():
     assert set(probes.decode_groups()) == {"rows", "layout", "context", "long", "dtypes", "mixed"}
 
 
+def test_rms_norm_probe_rows_on_the_cpu(capsys):
+    """Structure and accuracy, not speed: every implementation gets a row per shape, each output
+    matches F.rms_norm in float32 to bf16 rounding, and the floor is the bytes moved."""
+    from benchmarks import probes
+
+    rows = probes.probe_rms_norm(shapes=((8, 64), (3, 40)))
+    assert [(r["case"], r["impl"]) for r in rows] == [
+        ("rms_norm_8x64_bfloat16", "ours"),
+        ("rms_norm_8x64_bfloat16", "torch"),
+        ("rms_norm_3x40_bfloat16", "ours"),
+        ("rms_norm_3x40_bfloat16", "torch"),
+    ]
+    for row in rows:
+        assert row["rel_l2"] < 8e-3, row
+        assert row["us"] > 0
+        assert row["again"] > 0
+    assert rows[0]["floor_us"] / rows[2]["floor_us"] == pytest.approx((2 * 8 * 64 + 64) / 280)
+    assert "rms_norm_8x64_bfloat16" in capsys.readouterr().out
+
+
 def test_library_ab_reads_the_probe_rows_and_other_patterns():
     from benchmarks import library_ab, probes
 

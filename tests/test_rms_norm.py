@@ -73,3 +73,15 @@ def test_bad_input_names_the_argument(x_shape, w_shape, w_dtype, eps, error, mat
     x, weight = torch.zeros(x_shape), torch.ones(w_shape, dtype=w_dtype)
     with pytest.raises(error, match=match):
         xla_gpu_ops.rms_norm(x, weight, eps=eps)
+
+
+def test_a_row_longer_than_two_to_the_thirty_is_refused_at_trace_time():
+    """The kernels index within a row in 32 bits: the static check refuses longer rows, from
+    shapes alone (nothing is allocated)."""
+    jax = pytest.importorskip("jax")
+    import xla_gpu_ops.jax as xjax
+
+    h = (1 << 30) + 1
+    x, weight = jax.ShapeDtypeStruct((1, h), np.float32), jax.ShapeDtypeStruct((h,), np.float32)
+    with pytest.raises(ValueError, match=r"rms_norm: weight: H = 1073741825 is larger than 2\^30"):
+        jax.jit(xjax.rms_norm).lower(x, weight)

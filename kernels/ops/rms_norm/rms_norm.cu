@@ -60,6 +60,10 @@ int32_t RmsNorm::Describe(const OpCall<RmsNorm>& call, Config* config, XgoResult
                 static_cast<double>(call.attrs.eps));
   }
   const int64_t hidden = weight.dims[0];
+  if (hidden > (int64_t{1} << 30)) {
+    return Fail(XGO_INVALID_ARGUMENT, "rms_norm: weight: H = %lld is larger than 2^30",
+                static_cast<long long>(hidden));
+  }
   *config = Config{x.dtype, hidden == 0 ? 0 : x.elements() / hidden, hidden, call.attrs.eps};
   results->results[0] = ToXgoShape(x);
   return XGO_OK;
@@ -95,13 +99,13 @@ __global__ void __launch_bounds__(kRmsThreads)
                   int64_t rows, int64_t hidden, float eps) {
   __shared__ float partial[kRmsThreads / 32];
   using V = RmsVec<T>;
-  const int64_t step = kVector ? V::kSize : 1;
-  const int64_t chunks = hidden / step;
+  // 32-bit indices within a row (Describe bounds H): 64-bit ones spilled in the f32 kernel.
+  const int chunks = static_cast<int>(hidden / (kVector ? V::kSize : 1));
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* in = x + row * hidden;
     T* dst = out + row * hidden;
     float squares = 0.0f;
-    for (int64_t c = threadIdx.x; c < chunks; c += kRmsThreads) {
+    for (int c = threadIdx.x; c < chunks; c += kRmsThreads) {
       if constexpr (kVector) {
         const V v = reinterpret_cast<const V*>(in)[c];
 #pragma unroll
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(kRmsThreads)
       }
     }
     const float inv_rms = rsqrtf(BlockSum(squares, partial) / static_cast<float>(hidden) + eps);
-    for (int64_t c = threadIdx.x; c < chunks; c += kRmsThreads) {
+    for (int c = threadIdx.x; c < chunks; c += kRmsThreads) {
       if constexpr (kVector) {
         const V v = reinterpret_cast<const V*>(in)[c];
         const V w = reinterpret_cast<const V*>(weight)[c];

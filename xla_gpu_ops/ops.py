@@ -573,7 +573,50 @@ RMS_NORM = Op(
     sample_attrs={"eps": 1e-6},
 )
 
-OPS: tuple[Op, ...] = (SIMPLE_ADD, PAGED_ATTENTION, KV_CACHE_UPDATE, RMS_NORM)
+
+def _merge_attention_states_sample(zeros: bool) -> dict[str, np.ndarray]:
+    """T 6, H 4, D 64; the LSEs hold an empty part on either side (-inf, and FA2's +inf) and a
+    row whose two parts are both empty."""
+    shapes = {"out_a": (6, 4, 64), "lse_a": (6, 4), "out_b": (6, 4, 64), "lse_b": (6, 4)}
+    sample = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    if not zeros:
+        rng = np.random.default_rng(0)
+        for name, array in sample.items():
+            array[...] = rng.standard_normal(array.shape, np.float32) * (3 if "lse" in name else 1)
+        sample["lse_a"][1, 0] = -np.inf
+        sample["lse_b"][2, 1] = np.inf
+        sample["lse_a"][3, 2] = sample["lse_b"][3, 2] = -np.inf
+    return sample
+
+
+_LSE_DOC = "[T, H]: log-sum-exp of the part's logits (natural log); -inf or +inf: an empty part"
+MERGE_ATTENTION_STATES = Op(
+    name="merge_attention_states",
+    operands=(
+        Operand("out_a", 3, _FLOATS, "[T, H, D]: attention over one part of the keys"),
+        Operand("lse_a", 2, "float32", _LSE_DOC),
+        Operand("out_b", 3, "out_a's", "[T, H, D]: attention over the other part"),
+        Operand("lse_b", 2, "float32", _LSE_DOC),
+    ),
+    attrs=(),
+    results=("out", "lse"),
+    result_like=("out_a", "lse_a"),
+    returned=2,
+    doc="""Merges two attention results over disjoint keys into the one over all of them.
+
+With m = max(lse_a, lse_b) and w = exp(lse - m): out = (w_a out_a + w_b out_b) / (w_a + w_b) and
+lse = m + log(w_a + w_b), in float32 (vLLM's merge_attn_states, LSE [T, H] as FlashInfer's). A row
+whose two parts are both empty gets out 0 and lse -inf.""",
+    sample=_merge_attention_states_sample,
+)
+
+OPS: tuple[Op, ...] = (
+    SIMPLE_ADD,
+    PAGED_ATTENTION,
+    KV_CACHE_UPDATE,
+    RMS_NORM,
+    MERGE_ATTENTION_STATES,
+)
 BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 
 

@@ -133,3 +133,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     x32 = x.float()
     inv_rms = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (x32 * inv_rms * weight.float()).to(x.dtype)
+
+
+def merge_attention_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [T, H, D], lse [T, H]) over both parts' keys, in float32 (ops.MERGE_ATTENTION_STATES)."""
+    lse_a, lse_b = (torch.where(s == torch.inf, -torch.inf, s.float()) for s in (lse_a, lse_b))
+    m = torch.maximum(lse_a, lse_b)
+    empty = m == -torch.inf
+    m = torch.where(empty, torch.zeros_like(m), m)  # both parts empty: weights 0, no NaN
+    wa, wb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = wa + wb
+    safe = torch.where(empty, torch.ones_like(total), total)
+    out = out_a.float() * (wa / safe)[..., None] + out_b.float() * (wb / safe)[..., None]
+    lse = torch.where(empty, torch.full_like(m, -torch.inf), m + torch.log(safe))
+    return out.to(out_a.dtype), lse

@@ -115,7 +115,7 @@ def test_opcheck_with_sinks():
 @pytest.mark.parametrize(
     ("sinks", "error", "match"),
     [
-        (torch.zeros(8, dtype=torch.float16), TypeError, "paged_attention: sinks: dtype"),
+        (torch.zeros(8, dtype=torch.float64), TypeError, "paged_attention: sinks: dtype"),
         (torch.zeros(5), ValueError, r"paged_attention: sinks: shape must be \(8,\)"),
         (
             torch.zeros(1, 8),

@@ -157,7 +157,13 @@ def _bad_inputs():
         ("odd combined heads", set_("kv_cache", lambda t: t[:, :, :3]), ValueError, "kv_cache"),
         ("Hq not multiple of Hkv", set_("query", lambda t: t[:, :3]), ValueError, "num_q_heads"),
         ("head_dim 32", set_("query", lambda t: t[..., :32]), ValueError, "head_dim"),
-        ("context_lens int64", set_("context_lens", lambda t: t.long()), TypeError, "context_lens"),
+        # int64 metadata is converted (tests/test_client_inputs.py); int16 is not
+        (
+            "context_lens int16",
+            set_("context_lens", lambda t: t.short()),
+            TypeError,
+            "context_lens",
+        ),
         ("block_tables rows", set_("block_tables", lambda t: t[:-1]), ValueError, "block_tables"),
         (
             "query_start_loc short",

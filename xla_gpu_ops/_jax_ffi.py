@@ -50,8 +50,9 @@ def register() -> None:
 
 
 def _dtype_name(x: Any) -> str:
-    # Read the dtype before any conversion: jnp.asarray would silently turn int64 metadata into
-    # int32 (without x64) and hide a caller's mistake.
+    # Read the dtype before any conversion: jnp.asarray would silently turn an int64 operand into
+    # int32 (without x64) and hide a caller's mistake (metadata's int64 is converted on purpose,
+    # by `convert`, and documented).
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         dtype = np.asarray(x).dtype
@@ -67,6 +68,23 @@ def present(operands: Sequence[Any]) -> list:
     return [jnp.zeros((0,), ops.ABSENT_DTYPE) if x is None else x for x in operands]
 
 
+def convert(op: ops.Op, operands: list) -> list:
+    """What clients hand over, as the library reads it (ops.Operand.converts): int64 metadata as
+    int32, float16/bfloat16 sinks as float32, a Python int num_seqs as int32 [1]."""
+    for i, operand in op.converted:
+        value = operands[i]
+        if operand.host_ok and isinstance(value, int) and not isinstance(value, bool):
+            operands[i] = np.array([value], dtype=operand.cast_to)
+        elif value is not None and _dtype_name(value) in operand.converts:
+            has_astype = hasattr(value, "astype")  # arrays and tracers; else a list or a scalar
+            operands[i] = (
+                value.astype(operand.cast_to)
+                if has_astype
+                else np.asarray(value, dtype=operand.cast_to)
+            )
+    return operands
+
+
 def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str = "ffi"):
     """One custom call of `op` (operands in table order, attributes by name); returns the op's
     outputs (scratch results such as paged_attention's workspace are dropped). Results the op
@@ -74,7 +92,7 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     (`jax.jit(..., donate_argnums=...)`) and XLA updates it without a copy."""
     if abi not in ABIS:
         raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
-    operands = present(op.complete(operands))
+    operands = present(convert(op, op.complete(operands)))
     shapes = [np.shape(x) for x in operands]
     # Checked with the caller's dtypes first: jnp.asarray would silently turn int64 into int32
     # (without x64) and hide a caller's mistake where an operand must be int32.

@@ -40,6 +40,11 @@ class Operand:
     # library reads that as absent), so every custom call has the same operands. Optional
     # operands come last in the table; callers give them by keyword, after the attributes.
     optional: bool = False
+    # What clients hand over besides the library's dtype: the public functions convert these
+    # dtypes to `cast_to` before the call (a server's int64 metadata, a model's bf16 sinks), and
+    # a host_ok operand may also be a Python int (num_seqs). The library only sees cast_to.
+    converts: tuple[str, ...] = ()
+    cast_to: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class Op:
     call_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _keyword_template: dict[str, Any] = field(init=False, repr=False, compare=False)
     _required_attrs: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # (index, operand) of the operands the public functions convert (Operand.converts)
+    converted: tuple[tuple[int, Operand], ...] = field(init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived names
     @property
@@ -228,6 +235,9 @@ class Op:
                 "zero when zeros is True); the HLO checks and the tests of every front end use it"
             )
         required = [o for o in self.operands if not o.optional]
+        object.__setattr__(
+            self, "converted", tuple((i, o) for i, o in enumerate(self.operands) if o.converts)
+        )
         if self.operands[: len(required)] != tuple(required):
             raise ValueError(f"{self.name}: optional operands must come last in the table")
         object.__setattr__(self, "num_required", len(required))
@@ -438,6 +448,9 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
 
 
 _FLOATS = "float32, float16 or bfloat16"
+# Metadata: the library reads int32; the public functions also take int64 (converted on the way).
+_INDEX = "int32 (int64: converted)"
+_INT64 = ("int64",)
 
 SIMPLE_ADD = Op(
     name="simple_add",
@@ -463,16 +476,45 @@ PAGED_ATTENTION = Op(
             "query's or float8_e4m3fn",
             "[P, page_size, 2*Hkv, D] (K even, V odd heads)",
         ),
-        Operand("context_lens", 1, "int32", "[S]", values_checked=True),
-        Operand("block_tables", 2, "int32", "[S, pages_per_seq]", values_checked=True),
-        Operand("query_start_loc", 1, "int32", "[S + 1]", values_checked=True),
-        Operand("num_seqs", 1, "int32", "[1]", host_ok=True, values_checked=True),
+        Operand(
+            "context_lens", 1, _INDEX, "[S]", values_checked=True, converts=_INT64, cast_to="int32"
+        ),
+        Operand(
+            "block_tables",
+            2,
+            _INDEX,
+            "[S, pages_per_seq]",
+            values_checked=True,
+            converts=_INT64,
+            cast_to="int32",
+        ),
+        Operand(
+            "query_start_loc",
+            1,
+            _INDEX,
+            "[S + 1]",
+            values_checked=True,
+            converts=_INT64,
+            cast_to="int32",
+        ),
+        Operand(
+            "num_seqs",
+            1,
+            _INDEX + " (or a Python int)",
+            "[1]",
+            host_ok=True,
+            values_checked=True,
+            converts=_INT64,
+            cast_to="int32",
+        ),
         Operand(
             "sinks",
             1,
-            "float32",
+            "float32 (float16, bfloat16: read as float32)",
             "[Hq]: a logit per query head that joins the softmax and adds no value; None: none",
             optional=True,
+            converts=("float16", "bfloat16"),
+            cast_to="float32",
         ),
     ),
     attrs=(

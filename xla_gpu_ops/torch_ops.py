@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from xla_gpu_ops import ops
+from xla_gpu_ops._torch import dtype_name
 from xla_gpu_ops._torch_library import check_values
 
 VALIDATE_ENV = "XLA_GPU_OPS_VALIDATE"
@@ -45,6 +46,13 @@ def _forward(op: ops.Op) -> Callable[..., Any]:
     overload = getattr(getattr(torch.ops, ops.NAMESPACE), op.name).default
 
     def forward(operands: list, attrs: dict, validate: bool | None = None):
+        for i, operand in op.converted:  # what clients hand over (ops.Operand.converts)
+            value = operands[i]
+            if isinstance(value, torch.Tensor):
+                if dtype_name(value.dtype) in operand.converts:
+                    operands[i] = value.to(getattr(torch, operand.cast_to))
+            elif operand.host_ok and isinstance(value, int) and not isinstance(value, bool):
+                operands[i] = torch.tensor([value], dtype=getattr(torch, operand.cast_to))
         for name, value in attrs.items():  # the dispatcher would .item() a tensor: a sync
             if isinstance(value, torch.Tensor):
                 raise TypeError(f"{op.name}: {name}: must be a static Python number, got a tensor")

@@ -225,6 +225,14 @@ def test_targets_and_names_derive_from_the_op_name():
         ops.get("nope")
 
 
+def test_a_public_function_without_keyword_parameters_is_made():
+    """simple_add has no attribute and no optional operand: with no front-end extra either, its
+    function takes the two operands alone."""
+    fn = ops.public_function(ops.SIMPLE_ADD, lambda operands, attrs: (operands, attrs))
+    assert list(inspect.signature(fn).parameters) == ["a", "b"]
+    assert fn(1, 2) == ([1, 2], {})
+
+
 def _entry(op: ops.Op) -> _library.LibraryOp:
     types = tuple(_library.ATTR_F32 if a.kind is float else _library.ATTR_I64 for a in op.attrs)
     return _library.LibraryOp(None, op.operand_names, op.results, op.attr_names, types)

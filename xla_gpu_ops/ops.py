@@ -380,6 +380,8 @@ def public_function(
     for i, extra in enumerate(extras):
         namespace[f"_extra{i}"] = extra.default
         params.append(f"{extra.name}=_extra{i}")
+    if params[-1] == "*":  # no keyword parameter: a bare * would be a syntax error
+        params.pop()
     operands = ", ".join(op.operand_names)
     attrs = ", ".join(f"{a.name!r}: {a.name}" for a in op.attrs)
     keywords = "".join(f", {e.name}={e.name}" for e in extras)

@@ -58,10 +58,14 @@ def assert_outputs(op: ops.Op, actual: list, **tolerance) -> None:
         torch.testing.assert_close(got.cpu(), ref, **(tolerance or TOLERANCE))
 
 
+def by_name(op: ops.Op, operands) -> dict:
+    """Operands as keyword arguments: how every public function takes them (some only so)."""
+    return dict(zip(op.operand_names, operands, strict=True))
+
+
 def call_torch(op: ops.Op, fn, device: str = "cpu") -> list:
     operands, attrs = sample(op, device)
-    required, optional = op.split_optional(operands)
-    return outputs(op, fn(*required, **attrs, **optional), operands)
+    return outputs(op, fn(**by_name(op, operands), **attrs), operands)
 
 
 # ------------------------------------------------------------------------------------- torch
@@ -105,10 +109,10 @@ def _jax_outputs(op: ops.Op, device_kind: str, abi: str = "ffi") -> list:
         device = jax.devices(device_kind)[0]
     except RuntimeError:
         pytest.skip(f"needs jax with a {device_kind} device")
-    arrays = [jax.device_put(a, device) for a in op.sample(False).values()]
-    required, optional = op.split_optional(arrays)
-    run = jax.jit(lambda *a, **o: getattr(xjax, op.name)(*a, **op.sample_attrs, **o, abi=abi))
-    out = run(*required, **optional)
+    sample_arrays = op.sample(False)
+    arrays = [jax.device_put(sample_arrays[name], device) for name in op.operand_names]
+    public = getattr(xjax, op.name)
+    out = jax.jit(lambda *a: public(**by_name(op, a), **op.sample_attrs, abi=abi))(*arrays)
     return [np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))]
 
 
@@ -141,12 +145,10 @@ def test_torchax(op, jitted):
     with torchax.default_env():
         operands, attrs = sample(op)
         operands = [t.to("jax") for t in operands]
-        public, n = getattr(xla_gpu_ops, op.name), op.num_required
+        public = getattr(xla_gpu_ops, op.name)
 
         def call(*tensors):  # the attributes stay static Python values under jax_jit
-            return public(
-                *tensors[:n], **attrs, **dict(zip(op.optional_names, tensors[n:], strict=True))
-            )
+            return public(**by_name(op, tensors), **attrs)
 
         # an op writing in place updates its torchax tensor: no jit of a function returning None
         fn = torchax.interop.jax_jit(call) if jitted and not op.aliases else call

@@ -191,8 +191,9 @@ def test_attribute_encoding_turns_none_off():
 
 @pytest.mark.parametrize("op", ops.OPS, ids=lambda op: op.name)
 def test_public_functions_take_the_signature_of_the_table(op):
-    """Required operands positional, then keyword-only the attributes (their defaults), the
-    optional operands (None) and the front end's extras; the call reaches forward already bound."""
+    """Required operands positional (keyword-only for a keyword_only op), then keyword-only the
+    attributes (their defaults), the optional operands (None) and the front end's extras; the call
+    reaches forward already bound."""
     seen = []
     extra = ops.Extra("flag", False, "a front end's own parameter")
     fn = ops.public_function(op, lambda *a, **k: seen.append((a, k)), [extra])
@@ -200,6 +201,13 @@ def test_public_functions_take_the_signature_of_the_table(op):
     assert [p.name for p in params] == [*op.call_names, "flag"]
     keyword_only = params[op.num_required :]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in keyword_only)
+    positional = params[: op.num_required]
+    kind = (
+        inspect.Parameter.KEYWORD_ONLY
+        if op.keyword_only
+        else inspect.Parameter.POSITIONAL_OR_KEYWORD
+    )
+    assert all(p.kind is kind for p in positional)
     defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names) + [False]
     expected = [inspect.Parameter.empty if d is ops.REQUIRED else d for d in defaults]
     assert [p.default for p in keyword_only] == expected
@@ -208,13 +216,14 @@ def test_public_functions_take_the_signature_of_the_table(op):
     assert all(o.name in fn.__doc__ for o in op.operands)
     assert "flag" in fn.__doc__
     required = {a.name: 1.0 for a in op.attrs if a.default is ops.REQUIRED}
-    fn(*range(op.num_required), **required, flag=True)
+    names = op.operand_names[: op.num_required]
+    fn(**dict(zip(names, range(op.num_required), strict=True)), **required, flag=True)
     operands, attrs = seen[0][0]
     assert operands == [*range(op.num_required), *[None] * len(op.optional_names)]
     assert attrs == {a.name: required.get(a.name, a.default) for a in op.attrs}
     assert seen[0][1] == {"flag": True}
-    with pytest.raises(TypeError):
-        fn(*range(op.num_required + 1), **required)  # an attribute given positionally
+    with pytest.raises(TypeError):  # an attribute (or, keyword_only, any operand) by position
+        fn(*range(op.num_required + (0 if op.keyword_only else 1)), **required)
 
 
 def test_targets_and_names_derive_from_the_op_name():

@@ -112,6 +112,9 @@ class Op:
     # jax.ffi vmap_method: "broadcast_all" for elementwise ops, "sequential" otherwise.
     vmap_method: str = "sequential"
     aliases: Mapping[int, int] = field(default_factory=dict)
+    # The public functions take every argument by keyword: for ops whose operands a positional
+    # slip would mix up silently (key and value of one shape); an error then names the argument.
+    keyword_only: bool = False
     # One valid call's operands, (zeros) -> {operand: array}; zeros=True: every operand zero (the
     # call a constant folder would fold). The HLO checks and every front end's tests use it.
     sample: Callable[[bool], dict[str, np.ndarray]] | None = field(default=None, compare=False)
@@ -368,7 +371,8 @@ def public_function(
     operands, then keyword-only the attributes (with their defaults) and the optional operands
     (default None), then the `extras`. It calls forward(operands in table order, {attribute:
     value}, **extras): Python has bound the arguments, so the call costs no binding of ours."""
-    params = [*op.operand_names[: op.num_required], "*"]
+    required = list(op.operand_names[: op.num_required])
+    params = ["*", *required] if op.keyword_only else [*required, "*"]
     namespace: dict[str, Any] = {"_forward": forward}
     for i, a in enumerate(op.attrs):
         if a.default is REQUIRED:
@@ -596,6 +600,38 @@ place, returns None; JAX: the result aliases it).""",
 )
 
 
+def _kv_cache_store_sample(zeros: bool) -> dict[str, np.ndarray]:
+    """kv_cache_update's sample with its new rows split into K and V [N, Hkv, D]."""
+    sample = _kv_cache_update_sample(zeros)
+    new_kv = sample.pop("new_kv")
+    return {"key": new_kv[:, 0::2].copy(), "value": new_kv[:, 1::2].copy(), **sample}
+
+
+_KV_ROWS = "[N, Hkv, D]"
+KV_CACHE_STORE = Op(
+    name="kv_cache_store",
+    operands=(
+        Operand("key", 3, _FLOATS, _KV_ROWS + ": the new tokens' K rows"),
+        Operand("value", 3, "key's", _KV_ROWS + ": their V rows"),
+        KV_CACHE_UPDATE.operands[1],
+        Operand("kv_cache", 4, "key's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+    ),
+    attrs=KV_CACHE_UPDATE.attrs,
+    results=("kv_cache",),
+    result_like=(),
+    returned=1,
+    aliases={0: 3},
+    keyword_only=True,
+    doc="""kv_cache_update for K and V held apart (vLLM's reshape_and_cache_flash(key, value, ...)).
+
+key and value go to the combined cache's even (K) and odd (V) heads at the slots, with
+kv_cache_update's slot, scale and fp8 rules and no interleaved copy of the new rows. Every argument
+is given by keyword.""",
+    sample=_kv_cache_store_sample,
+    sample_attrs={"k_scale": None, "v_scale": None},
+)
+
+
 def _rms_norm_sample(zeros: bool) -> dict[str, np.ndarray]:
     """8 rows of 320 (a 16-byte multiple: the CUDA kernel's vector path) and a non-unit weight."""
     x, weight = np.zeros((8, 320), np.float32), np.zeros((320,), np.float32)
@@ -658,6 +694,7 @@ OPS: tuple[Op, ...] = (
     SIMPLE_ADD,
     PAGED_ATTENTION,
     KV_CACHE_UPDATE,
+    KV_CACHE_STORE,
     RMS_NORM,
     MERGE_ATTENTION_STATES,
 )

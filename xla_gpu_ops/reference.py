@@ -128,6 +128,19 @@ def kv_cache_update(
     rows[slot_mapping[keep].long()] = values
 
 
+def kv_cache_store(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+) -> None:
+    """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads)."""
+    new_kv = torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
+    kv_cache_update(new_kv, slot_mapping, kv_cache, k_scale, v_scale)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """torch.nn.functional.rms_norm's math in float32, rounded once to x's dtype."""
     x32 = x.float()

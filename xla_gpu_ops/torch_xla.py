@@ -304,6 +304,19 @@ def kv_cache_update_composite(
     return rows.index_put((target,), values).view(kv_cache.shape)
 
 
+def kv_cache_store_composite(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache: torch.Tensor,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+) -> torch.Tensor:
+    """kv_cache_update's composite on the interleaved rows (one fused gather under XLA)."""
+    new_kv = torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
+    return kv_cache_update_composite(new_kv, slot_mapping, kv_cache, k_scale, v_scale)
+
+
 def paged_attention_composite(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -379,10 +392,11 @@ def paged_attention_composite(
 
 
 # Composites of the ops whose reference cannot serve: one that reads values on the host
-# (paged_attention's loops over sequences) or writes in place (kv_cache_update).
+# (paged_attention's loops over sequences) or writes in place (the KV cache writes).
 COMPOSITES = {
     "paged_attention": paged_attention_composite,
     "kv_cache_update": kv_cache_update_composite,
+    "kv_cache_store": kv_cache_store_composite,
 }
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).resolve().parent / "new_op"
+# The table's list of ops, on one line or (as ruff formats a long one) one name a line.
 TABLE_LINE = re.compile(r"^OPS: tuple\[Op, \.\.\.\] = \((?P<ops>[^)]*)\)$", re.MULTILINE)
 NAME = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)*")
 UNEDITABLE = """import sys
@@ -52,10 +53,13 @@ def scaffold(root: Path, name: str) -> list[Path]:
     if match is None:
         raise SystemExit(f"new_op: {table}: no `OPS: tuple[Op, ...] = (...)` line to add to")
     entry = fill((TEMPLATES / "entry.py.in").read_text(), name)
-    listed = f"{match['ops']}, {name.upper()}"
-    before, after = text[: match.start()].rstrip("\n"), text[match.start() :]
-    text = f"{before}\n\n\n{entry.strip()}\n\n{after}"  # the blank lines ruff format keeps
-    table.write_text(TABLE_LINE.sub(f"OPS: tuple[Op, ...] = ({listed})", text))
+    # one name a line with a trailing comma: the layout ruff format keeps, however many ops
+    names = [*re.findall(r"[A-Z][A-Z0-9_]*", match["ops"]), name.upper()]
+    listed = "".join(f"    {n},\n" for n in names)
+    before, after = text[: match.start()].rstrip("\n"), text[match.end() :]
+    table.write_text(
+        f"{before}\n\n\n{entry.strip()}\n\n\nOPS: tuple[Op, ...] = (\n{listed}){after}"
+    )
     references.write_text(
         references.read_text() + fill((TEMPLATES / "reference.py.in").read_text(), name)
     )

@@ -137,8 +137,12 @@ def kv_cache_store(
     v_scale: float | None = None,
 ) -> None:
     """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads)."""
-    new_kv = torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
-    kv_cache_update(new_kv, slot_mapping, kv_cache, k_scale, v_scale)
+    kv_cache_update(interleave_kv(key, value), slot_mapping, kv_cache, k_scale, v_scale)
+
+
+def interleave_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """key, value [N, Hkv, D] -> the cache rows [N, 2*Hkv, D]: K at even, V at odd heads."""
+    return torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

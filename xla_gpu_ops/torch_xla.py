@@ -313,7 +313,7 @@ def kv_cache_store_composite(
     v_scale: float | None = None,
 ) -> torch.Tensor:
     """kv_cache_update's composite on the interleaved rows (one fused gather under XLA)."""
-    new_kv = torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
+    new_kv = reference.interleave_kv(key, value)
     return kv_cache_update_composite(new_kv, slot_mapping, kv_cache, k_scale, v_scale)
 
 

@@ -31,6 +31,7 @@ _SUBMODULES = (
     "sharding",
     "head_sharding",
     "torch_xla_sharding",
+    "transformers",
 )
 
 # On a machine without a GPU, JAX's CUDA plugin (installed with jax[cuda]) fails to start and JAX

@@ -24,7 +24,7 @@ from benchmarks.cases import (
 from benchmarks.ceilings import free_memory
 from benchmarks.host_cost import measure_host_cost
 from benchmarks.per_call import PER_CALL_IMPLS, per_call_measurements
-from benchmarks.report import PRIMARY_ORDER, fastest_us
+from benchmarks.report import PRIMARY_ORDER, fastest_us, telling
 from benchmarks.runners import left_out_reason, prepared
 from benchmarks.timing import error_text, time_jax_chain, time_torch
 
@@ -237,12 +237,13 @@ def cross_check(record: dict, outputs: dict, tolerance) -> dict:
             continue  # no such peer for this kind of case
         peer = next((n for n in ran if n in outputs and impls[n].get("status") == "ok"), None)
         if ours_name is None or peer is None:
+            shown = telling(impls, ran)
             why = (
                 "ours did not run"
                 if ours_name is None
-                else impls[ran[0]].get("reason", "did not run")
+                else impls[shown].get("reason", "did not run")
             )
-            result["against"][ran[0]] = {"check": "not run", "reason": str(why)[:200]}
+            result["against"][shown] = {"check": "not run", "reason": str(why)[:200]}
             continue
         err = rel_l2(outputs[ours_name], outputs[peer])
         result["against"][peer] = {
@@ -333,7 +334,7 @@ def _impossible(record: dict, entry: dict) -> str | None:
     """Why the entry's timing cannot be the work it claims (None: it can). Calls that did not run
     their kernels (a launch that failed silently after a failed graph capture) time as fast as
     their launches."""
-    if record["kind"] not in ("decode", "prefill", "mixed") or not record.get("floor_us"):
+    if record["kind"] not in P.PAGED or not record.get("floor_us"):
         return None
     fastest = fastest_us(entry)
     frac = record["floor_us"] / fastest

@@ -2,14 +2,18 @@
 
 A case is a ragged batch in the torch_xla ragged_paged_attention layout (docs/DESIGN.md): one
 (q_len, context_len) per sequence. Decode rows have q_len 1; prefill rows q_len == context_len
-(causal); the mixed row holds both. The "overhead" kind times simple_add / a small decode inside
-an XLA program against the same kernel launched eagerly; "host_cost" times the host's part of one
-eager call on a tiny decode (benchmarks/host_cost.py).
+(causal); the mixed row holds both. Speculative decoding's verify step, kind "spec_decode", is a
+decode row with q_len 2-8 (`_q4`: 4 query tokens per sequence, causal among themselves after the
+cached context): a kind of its own, since the one-token decode peers (FlashInfer's decode wrapper,
+Pallas) do not take it and its verdict differs. The "overhead" kind times simple_add / a small
+decode inside an XLA program against the same kernel launched eagerly; "host_cost" times the
+host's part of one eager call on a tiny decode (benchmarks/host_cost.py).
 
 A case may add a variant, named after the head dim: an fp8 KV cache (`_fp8`: float8_e4m3fn holding
 K / K_SCALE and V / V_SCALE), attention sinks (`_sinks`: one float32 logit per query head) and a
 sliding window (`_w128`: each query sees its last 128 keys, itself included); a plain row's name
-is not part of its variant's, so `--cases NAME` does not take both. The gpt-oss rows (Hq 64 /
+is not part of its variant's, so `--cases NAME` does not take both. A spec_decode row's `_q<N>`
+follows the variant, before the page size, for the same reason. The gpt-oss rows (Hq 64 /
 Hkv 8, D 64) carry sinks, with and without the window.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 from dataclasses import dataclass, field
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
@@ -34,12 +39,15 @@ SINK_LOGIT_MEAN = 6.0
 FP8_FEATURE = "an fp8 KV cache"
 SINKS_FEATURE = "attention sinks"
 WINDOW_FEATURE = "a sliding window"
+SPEC_DECODE = "spec_decode"  # the kind of a speculative-decoding verify row (q_len > 1)
+SPEC_Q_LENS = (2, 4, 8)  # query tokens per sequence of the verify rows (draft tokens + 1)
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # "decode" | "mixed" | "prefill" | "simple_add" | "overhead_decode" | "host_cost"
+    # "decode" | SPEC_DECODE | "mixed" | "prefill" | "simple_add" | "overhead_decode" | "host_cost"
+    kind: str
     seqs: tuple[tuple[int, int], ...] = ()  # (q_len, context_len) per sequence
     num_q_heads: int = 32
     num_kv_heads: int = 8
@@ -171,6 +179,11 @@ def _variant_tag(kv_dtype: str = "", sinks: bool = False, sliding_window: int | 
     )
 
 
+def _q_tag(q_len: int) -> str:
+    """A spec_decode row's query tokens per sequence in its name, after the variant."""
+    return f"_q{q_len}" if q_len > 1 else ""
+
+
 def decode_case(
     batch: int,
     context: int,
@@ -179,16 +192,19 @@ def decode_case(
     page_size=16,
     slow_peers=False,
     tags=(),
+    q_len: int = 1,
     **variant,
 ) -> Case:
-    """variant: kv_dtype, sinks, sliding_window (Case fields; _variant_tag names them)."""
+    """variant: kv_dtype, sinks, sliding_window (Case fields; _variant_tag names them).
+    q_len > 1: a speculative-decoding verify row (kind SPEC_DECODE), `context` counting the new
+    tokens as ours does (they are the last q_len of it)."""
     hq, hkv = heads
-    tag = _variant_tag(**variant)
+    tag = _variant_tag(**variant) + _q_tag(q_len)
     name = f"decode_B{batch}_ctx{_k(context)}_h{hq}-{hkv}_d{head_dim}{tag}_p{page_size}"
     return Case(
         name,
-        "decode",
-        ((1, context),) * batch,
+        "decode" if q_len == 1 else SPEC_DECODE,
+        ((q_len, context),) * batch,
         hq,
         hkv,
         head_dim,
@@ -289,12 +305,29 @@ def gpt_oss_cases(window: int | None) -> list[Case]:
     ]
 
 
+def spec_decode_cases() -> list[Case]:
+    """Speculative decoding's verify step, q_len 2, 4 and 8 per sequence at B32 x 4k: the decode
+    anchor's shape, then gpt-oss's (sinks, its full-attention layers: with a 128-key window the
+    row would read 32 x 135 keys, too few to be bound by bandwidth). Each has a q_len 1 twin in
+    the full grid (spec_twin) for its verdict."""
+    anchor = {"heads": (32, 8)}
+    gpt_oss = {"heads": (64, 8), "head_dim": 64, "sinks": True}  # gpt_oss_cases(None)'s shape
+    return [
+        decode_case(32, 4096, q_len=q, **shape) for shape in (anchor, gpt_oss) for q in SPEC_Q_LENS
+    ]
+
+
+def spec_twin(name: str) -> str:
+    """The q_len 1 row of a spec_decode row's shape: its name without `_q<N>`."""
+    return re.sub(r"_q\d+(_p\d+)$", r"\1", name)
+
+
 def all_cases(quick: bool) -> list[Case]:
     """Full grid, or the reduced grid of --quick (it keeps the anchor and every kind).
 
     The quick rows and the mixed / prefill / overhead cases come first in both, then (full run)
-    the fp8 and gpt-oss rows, so a full run cut short by --time-limit still has them; the rest of
-    the grid follows.
+    the fp8, gpt-oss and spec_decode rows, so a full run cut short by --time-limit still has them;
+    the rest of the grid follows.
     """
     key_decode = [
         decode_case(32, 4096, (32, 8)),  # anchor
@@ -307,7 +340,9 @@ def all_cases(quick: bool) -> list[Case]:
         decode_case(32, 4096, (32, 8), head_dim=256),
     ]
     fp8, sliding, full = fp8_cases(), gpt_oss_cases(GPT_OSS_WINDOW), gpt_oss_cases(None)
-    quick_variants = [fp8[0], sliding[0]]  # decode: the fp8 anchor, gpt-oss's sliding layer
+    spec = spec_decode_cases()
+    # decode: the fp8 anchor, gpt-oss's sliding layer; the anchor's shape verifying 4 tokens
+    quick_variants = [fp8[0], sliding[0], spec[SPEC_Q_LENS.index(4)]]
     prefill = [
         prefill_case(batch, length, head_dim)
         for head_dim in (128, 64, 256)
@@ -322,7 +357,7 @@ def all_cases(quick: bool) -> list[Case]:
         *prefill,
     ]
     if not quick:
-        cases += [c for c in (*fp8, *sliding, *full) if c not in quick_variants]
+        cases += [c for c in (*fp8, *sliding, *full, *spec) if c not in quick_variants]
         names = {c.name for c in cases}
         for heads in HEADS:
             for batch in BATCHES:
@@ -371,6 +406,7 @@ def smoke_cases() -> list[Case]:
         prefill,
         _with_variant(decode, kv_dtype=FP8),
         _with_variant(mixed, sinks=True, sliding_window=32),
+        _with_q_len(decode, 4),
         Case(
             "smoke_simple_add_4k", "simple_add", num_elements=4096, dtype="float32", slow_peers=True
         ),
@@ -382,6 +418,16 @@ def _with_variant(case: Case, **variant) -> Case:
     """The case with a variant, named as every case names its variant (after the head dim)."""
     head, page = case.name.rsplit("_p", 1)
     return dataclasses.replace(case, name=f"{head}{_variant_tag(**variant)}_p{page}", **variant)
+
+
+def _with_q_len(case: Case, q_len: int) -> Case:
+    """A decode case verifying q_len tokens per sequence (kind SPEC_DECODE), named as
+    decode_case names it."""
+    head, page = case.name.rsplit("_p", 1)
+    seqs = tuple((q_len, ctx) for _, ctx in case.seqs)
+    return dataclasses.replace(
+        case, name=f"{head}{_q_tag(q_len)}_p{page}", kind=SPEC_DECODE, seqs=seqs
+    )
 
 
 def select_cases(cases, patterns) -> list[Case]:

@@ -14,11 +14,16 @@ does. Outputs go to preallocated buffers (`out=`, as serving frameworks call it)
 Peers (FlashInfer 0.6.13, read from its wheel):
   flashinfer_decode   BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True): FlashInfer's FA2
                       prefill template with a KV head's query heads as the rows; an fp8 cache
-                      through plan(kv_data_type=float8_e4m3fn) and run(k_scale=, v_scale=)
+                      through plan(kv_data_type=float8_e4m3fn) and run(k_scale=, v_scale=). One
+                      query token per request: its tensor-core path plans qo_indptr = arange and
+                      runs without a causal mask (plan's q_len_per_req reaches only its
+                      trtllm-gen and cute-dsl backends), so it sits out the spec_decode rows
   flashinfer_xqa      flashinfer.decode.xqa_batch_decode_with_kv_cache: XQA, vLLM's decode kernel
-                      on Hopper (fp8 cache, sliding window and sinks in the kernel)
+                      on Hopper (fp8 cache, sliding window and sinks in the kernel); on spec_decode
+                      rows its speculative-decoding form: q_len_per_req and a causal mask over the
+                      new tokens (xqa_spec_mask), q_len compiled into its module
   flashinfer_prefill  BatchPrefillWithPagedKVCacheWrapper, causal: FA3 on sm_90, FA2 for an fp8
-                      cache (prefill_backend)
+                      cache (prefill_backend); also the spec_decode rows (ragged qo_indptr)
 Sinks: FlashInfer's sink variant, BatchAttentionWithAttentionSinkWrapper (a prefill wrapper with a
 JIT module of its own; run(q, kv, sinks, sm_scale)), serves the decode and prefill peers; the
 decode wrapper's run(sinks=) reaches only the trtllm-gen backend (sm_100) and the FA2 / FA3
@@ -44,7 +49,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.cases import build_inputs, kv_scales, scale_of
+from benchmarks.cases import SPEC_DECODE, build_inputs, kv_scales, scale_of
 from benchmarks.runners import BenchEnv, NotApplicable, Runner, canon
 
 PIN = "flashinfer-python==0.6.13"
@@ -106,7 +111,10 @@ def _plan_options(case) -> dict:
 
 
 def xqa_unsupported(case) -> str | None:
-    """Why XQA cannot take the case (None: it can), from FlashInfer 0.6.13's jit/xqa.py."""
+    """Why XQA cannot take the case (None: it can), from FlashInfer 0.6.13's jit/xqa.py and
+    decode.py."""
+    if case.kind == SPEC_DECODE and not case.uniform:
+        return "XQA takes one q_len for every request (q_len_per_req)"
     if case.dtype not in ("float16", "bfloat16"):
         return f"XQA takes float16 or bfloat16 queries, not {case.dtype}"
     if case.page_size not in XQA_PAGE_SIZES:
@@ -114,6 +122,24 @@ def xqa_unsupported(case) -> str | None:
     if case.head_dim % 16 or case.head_dim > 256:
         return f"XQA takes a head_dim that is a multiple of 16 up to 256, not {case.head_dim}"
     return None
+
+
+DECODE_WRAPPER_ONE_QUERY = (
+    "BatchDecodeWithPagedKVCacheWrapper's tensor-core path takes one query token per request "
+    "(q_len_per_req reaches only its trtllm-gen and cute-dsl backends): flashinfer_prefill runs "
+    "this row"
+)
+
+
+def decode_unsupported(case) -> str | None:
+    """Why the decode wrapper cannot take the case (None: it can)."""
+    return DECODE_WRAPPER_ONE_QUERY if case.kind == SPEC_DECODE else None
+
+
+def unsupported(impl: str, case) -> str | None:
+    """Why `impl` cannot take a case of a kind it is listed for (None: it can)."""
+    check = {"flashinfer_xqa": xqa_unsupported, "flashinfer_decode": decode_unsupported}.get(impl)
+    return None if check is None else check(case)
 
 
 # ------------------------------------------------------------------------------ layout
@@ -169,11 +195,14 @@ def prepare_decode(env, case, copies):
     the sink variant on the same FA2 template."""
     import torch
 
-    if case.kind != "decode":
+    if case.kind not in PEERS["flashinfer_decode"][0]:
         raise NotApplicable("decode batches only (prefill and mixed: flashinfer_prefill)")
+    flashinfer = _flashinfer(env)  # first: without FlashInfer, that is the reason on every row
+    reason = decode_unsupported(case)
+    if reason is not None:
+        raise NotApplicable(reason)
     if case.sinks:
         return _prefill_runner(env, case, copies, "fa2")
-    flashinfer = _flashinfer(env)
     indptr, indices, last_page_len = page_metadata(case, copies[0])
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=env.device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
@@ -202,8 +231,10 @@ def prepare_decode(env, case, copies):
 
 def prepare_prefill(env, case, copies):
     """BatchPrefillWithPagedKVCacheWrapper, causal, backend prefill_backend(case)."""
-    if case.kind not in ("prefill", "mixed"):
-        raise NotApplicable("prefill and mixed batches only (decode: flashinfer_decode)")
+    if case.kind not in PEERS["flashinfer_prefill"][0]:
+        raise NotApplicable(
+            "prefill, mixed and spec decode batches only (decode: flashinfer_decode)"
+        )
     _flashinfer(env)  # installed, and a GPU to ask for its backend
     return _prefill_runner(env, case, copies, prefill_backend(case))
 
@@ -262,11 +293,28 @@ def _prefill_runner(env, case, copies, backend: str):
     )
 
 
+def xqa_spec_mask(batch: int, q_len: int, device):
+    """XQA's speculative-decoding mask: per request and query row, bit j of 32-bit words (as
+    uint16 pairs, [batch, q_len, 2 * ceil(q_len / 32)]) lets the row see new token j; every cached
+    key is visible. Causal among the new tokens: row i sees tokens j <= i (FlashInfer's
+    tests/attention/test_xqa_batch_decode.py builds the same)."""
+    import torch
+
+    words = -(-q_len // 32)
+    rows = torch.arange(q_len)
+    visible = torch.zeros(q_len, words * 32, dtype=torch.int64)
+    visible[:, :q_len] = (rows[None, :] <= rows[:, None]).long()
+    packed = (visible.view(q_len, words, 32) << torch.arange(32)).sum(-1)
+    packed = packed - (packed >= 2**31).long() * 2**32  # the same 32 bits as int32
+    mask = packed.to(torch.int32).expand(batch, q_len, words).contiguous()
+    return mask.view(torch.uint16).to(device)
+
+
 def prepare_xqa(env, case, copies):
     """flashinfer.decode.xqa_batch_decode_with_kv_cache (XQA); no host plan."""
     import torch
 
-    if case.kind != "decode":
+    if case.kind not in PEERS["flashinfer_xqa"][0]:
         raise NotApplicable("decode batches only")
     reason = xqa_unsupported(case)
     if reason is not None:
@@ -285,6 +333,11 @@ def prepare_xqa(env, case, copies):
         "window_left": window_left(case),
         "sinks": shared.get("sinks"),
     }
+    form = "XQA"
+    if case.kind == SPEC_DECODE:  # its speculative-decoding kernel (SPEC_DEC)
+        q_len = case.seqs[0][0]
+        options.update(q_len_per_req=q_len, mask=xqa_spec_mask(case.batch, q_len, env.device))
+        form = f"XQA spec decoding (q_len_per_req={q_len}, causal mask)"
     longest = max(ctx for _, ctx in case.seqs)
 
     def run_one(q, kv, out):
@@ -300,15 +353,15 @@ def prepare_xqa(env, case, copies):
             **options,
         )
 
-    return _runner(case, copies, run_one, "XQA, no host plan; K/V strided views of our cache")
+    return _runner(case, copies, run_one, f"{form}, no host plan; K/V strided views of our cache")
 
 
 # impl -> (the kinds of case it runs, its prepare): peers.IMPLS lists them, prebuild builds their
 # modules. The host-cost case's FlashInfer row is HOST_COST_PEER on its decode (host_cost.py).
 PEERS = {
-    "flashinfer_decode": (frozenset({"decode"}), prepare_decode),
-    "flashinfer_xqa": (frozenset({"decode"}), prepare_xqa),
-    "flashinfer_prefill": (frozenset({"prefill", "mixed"}), prepare_prefill),
+    "flashinfer_decode": (frozenset({"decode", SPEC_DECODE}), prepare_decode),
+    "flashinfer_xqa": (frozenset({"decode", SPEC_DECODE}), prepare_xqa),
+    "flashinfer_prefill": (frozenset({"prefill", "mixed", SPEC_DECODE}), prepare_prefill),
 }
 HOST_COST_PEER = "flashinfer_decode"
 
@@ -325,7 +378,7 @@ def module_key(impl: str, case) -> tuple | None:
     """What picks `impl`'s JIT module for the case; None where `impl` does not run it."""
     kinds, _ = PEERS[impl]
     case = as_run(impl, case)
-    if case.kind not in kinds or (impl == "flashinfer_xqa" and xqa_unsupported(case)):
+    if case.kind not in kinds or unsupported(impl, case):
         return None
     key = (
         impl,
@@ -337,6 +390,8 @@ def module_key(impl: str, case) -> tuple | None:
     )
     if impl == "flashinfer_xqa":  # compiled into XQA's kernel too
         key += (case.page_size, case.num_q_heads // case.num_kv_heads)
+        if case.kind == SPEC_DECODE:  # and the query tokens per request (gen_xqa_module)
+            key += (case.seqs[0][0],)
     return key
 
 
@@ -349,7 +404,8 @@ def modules_needed(cases, skip_impls=()) -> list[tuple]:
             key = module_key(impl, case)
             if key is not None and impl not in skip_impls:
                 case = as_run(impl, case)
-                q_len = 1 if case.kind == "decode" else case.page_size
+                # a spec_decode row's q_len is part of XQA's module
+                q_len = {"decode": 1, SPEC_DECODE: case.seqs[0][0]}.get(case.kind, case.page_size)
                 small = dataclasses.replace(
                     case, name=f"one page of {case.name}", seqs=((q_len, case.page_size),)
                 )

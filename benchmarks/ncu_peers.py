@@ -13,7 +13,7 @@ FlashInfer's plan() runs before, on the host, as in the benchmark.
 from __future__ import annotations
 
 from benchmarks import flashinfer_peer, ours
-from benchmarks.cases import all_cases, build_inputs, op_attributes, op_operands
+from benchmarks.cases import SPEC_DECODE, all_cases, build_inputs, op_attributes, op_operands
 from benchmarks.runners import BenchEnv
 
 
@@ -24,11 +24,13 @@ def main(argv: list[str]) -> int:
         raise SystemExit(__doc__)
     env = BenchEnv(on_gpu=True)
     cases = [c for c in all_cases(quick=False) if any(s in c.name for s in argv)]
-    cases = [c for c in cases if c.kind in ("decode", "prefill", "mixed")]
+    cases = [c for c in cases if c.kind in ("decode", SPEC_DECODE, "prefill", "mixed")]
     if not cases:
-        raise SystemExit(f"no decode / prefill / mixed case matches {argv}")
+        raise SystemExit(f"no decode / spec_decode / prefill / mixed case matches {argv}")
     for case in cases:
         inputs = build_inputs(case, "cuda", seed=1)
+        # FlashInfer's decode wrapper takes one query per request: its prefill wrapper runs the
+        # spec_decode rows, as in the benchmark
         prepare = (
             flashinfer_peer.prepare_decode
             if case.kind == "decode"

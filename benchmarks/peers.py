@@ -17,9 +17,14 @@ Peers:  torch_sdpa_contiguous  torch SDPA on contiguous (un-paged) K/V of the sa
         jax_pallas_paged       jax.experimental.pallas.ops.gpu.paged_attention (decode)
         jax_composite          XLA-native gather + einsum + softmax (decode)
         flashinfer_decode      FlashInfer batch decode, paged KV, tensor cores (benchmarks/flashinfer_peer.py)
-        flashinfer_xqa         FlashInfer's XQA decode (vLLM's decode kernel on Hopper)
-        flashinfer_prefill     FlashInfer batch prefill, paged KV, FA3 on sm_90 (prefill, mixed)
+        flashinfer_xqa         FlashInfer's XQA decode (vLLM's decode kernel on Hopper; spec decode)
+        flashinfer_prefill     FlashInfer batch prefill, paged KV, FA3 on sm_90 (prefill, mixed,
+                               spec decode)
         reference              xla_gpu_ops.reference on the CPU (smoke runs only)
+
+Speculative decoding's verify rows (cases.SPEC_DECODE: q_len > 1 per sequence, causal among the
+new tokens) are listed for the decode peers too: those that take one query token per sequence
+(FlashInfer's decode wrapper, Pallas, the composite, FlexAttention here) say so (n/a).
 
 A case's variant (cases.Case.features: an fp8 cache, sinks, a sliding window) goes to ours and
 the reference as attributes and the sinks operand (cases.op_attributes, op_operands) and to
@@ -39,6 +44,7 @@ from benchmarks import flashinfer_peer, ours
 from benchmarks.cases import (
     FP8_FEATURE,
     SINKS_FEATURE,
+    SPEC_DECODE,
     WINDOW_FEATURE,
     Case,
     dequantise_kv,
@@ -65,6 +71,12 @@ def _paged_kind(case: Case) -> str:
 
 def _is_overhead(case: Case) -> bool:
     return case.kind in ("simple_add", "overhead_decode")
+
+
+def _refuse_several_queries(case: Case, why: str) -> None:
+    """NotApplicable on a speculative-decoding row for a peer that takes one query per sequence."""
+    if case.kind == SPEC_DECODE:
+        raise NotApplicable(f"one query token per sequence ({why})")
 
 
 def _refuse_features(case: Case, *supported: str, reasons: dict | None = None) -> None:
@@ -252,6 +264,18 @@ def _gather_kv(case: Case, c: dict, tables, npp: int):
     return kv[:, :, 0::2].transpose(1, 2), kv[:, :, 1::2].transpose(1, 2)
 
 
+def _causal(q_len: int, ctx: int) -> dict:
+    """SDPA's mask keywords for our causal mask, the queries being the last q_len of ctx positions.
+    is_causal aligns the mask top-left (query i sees keys <= i): ours only where q_len == ctx.
+    Between (speculative decoding, chunked prefill), torch's lower-right causal bias: it runs the
+    flash kernel where that applies, an explicit mask would time another kernel."""
+    if q_len in (1, ctx):
+        return {"is_causal": q_len > 1}
+    from torch.nn.attention.bias import causal_lower_right
+
+    return {"attn_mask": causal_lower_right(q_len, ctx)}
+
+
 def _canon_dense(out4, case: Case):
     """[B, Hq, q_len, D] -> [T, Hq, D]."""
     return canon(out4.transpose(1, 2).reshape(case.num_tokens, case.num_q_heads, case.head_dim))
@@ -269,11 +293,11 @@ SDPA_LACKS = {
 def prepare_torch_sdpa_contiguous(env, case, copies):
     import torch.nn.functional as F
 
-    if _paged_kind(case) not in ("decode", "prefill"):
+    if _paged_kind(case) not in ("decode", "prefill", SPEC_DECODE):
         raise NotApplicable("dense SDPA needs a uniform batch")
     _refuse_features(case, FP8_FEATURE, reasons=SDPA_LACKS)
     scale = scale_of(case)
-    causal = case.seqs[0][0] > 1
+    mask = _causal(*case.seqs[0])
     calls = []
     for c in copies:
         q4, tables, npp = _dense_layout(case, c)
@@ -282,15 +306,16 @@ def prepare_torch_sdpa_contiguous(env, case, copies):
         k, v = (t.contiguous() for t in _gather_kv(case, {**c, **cache}, tables, npp))
         calls.append(
             lambda q4=q4, k=k, v=v: F.scaled_dot_product_attention(
-                q4, k, v, is_causal=causal, scale=scale, enable_gqa=True
+                q4, k, v, scale=scale, enable_gqa=True, **mask
             )
         )
     dequantised = f", dequantised to {case.dtype}" if case.kv_fp8 else ""
+    lower_right = "; lower-right causal bias" if "attn_mask" in mask else ""
     return Runner(
         "torch",
         lambda: _canon_dense(calls[0](), case),
         calls=calls,
-        notes=f"K/V gathered once outside the timed region{dequantised}",
+        notes=f"K/V gathered once outside the timed region{dequantised}{lower_right}",
     )
 
 
@@ -301,7 +326,7 @@ def prepare_torch_gather_sdpa(env, case, copies):
     _refuse_features(case, reasons=SDPA_LACKS)
     scale = scale_of(case)
     if case.uniform:
-        causal = case.seqs[0][0] > 1
+        mask = _causal(*case.seqs[0])
 
         def make(c):
             q4, tables, npp = _dense_layout(case, c)
@@ -309,7 +334,7 @@ def prepare_torch_gather_sdpa(env, case, copies):
             def call():
                 k, v = _gather_kv(case, c, tables, npp)
                 return F.scaled_dot_product_attention(
-                    q4, k, v, is_causal=causal, scale=scale, enable_gqa=True
+                    q4, k, v, scale=scale, enable_gqa=True, **mask
                 )
 
             return call
@@ -328,25 +353,16 @@ def prepare_torch_gather_sdpa(env, case, copies):
         for i, (q_len, ctx) in enumerate(case.seqs):
             npp = -(-ctx // case.page_size)
             q4 = c["query"][starts[i] : starts[i + 1]].transpose(0, 1).unsqueeze(0)
-            per_seq.append((q4, tables[i, :npp], npp, q_len, ctx))
+            per_seq.append((q4, tables[i, :npp], npp, ctx, _causal(q_len, ctx)))
 
         def call():
             outs = []
-            for q4, tab, npp, q_len, ctx in per_seq:
+            for q4, tab, npp, ctx, mask in per_seq:
                 kv = c["kv_cache"][tab].view(
                     1, npp * case.page_size, 2 * case.num_kv_heads, case.head_dim
                 )[:, :ctx]
                 k, v = kv[:, :, 0::2].transpose(1, 2), kv[:, :, 1::2].transpose(1, 2)
-                if q_len == ctx or q_len == 1:
-                    o = F.scaled_dot_product_attention(
-                        q4, k, v, is_causal=q_len > 1, scale=scale, enable_gqa=True
-                    )
-                else:  # chunked prefill: bottom-right aligned causal mask
-                    pos = torch.arange(ctx, device=q4.device)
-                    mask = pos[None, :] <= (ctx - q_len + pos[:q_len])[:, None]
-                    o = F.scaled_dot_product_attention(
-                        q4, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-                    )
+                o = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True, **mask)
                 outs.append(o[0].transpose(0, 1))
             return torch.cat(outs)
 
@@ -365,6 +381,7 @@ def prepare_torch_flex_paged(env, case, copies):
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+    _refuse_several_queries(case, "its BlockMask here has one query block and no causal part")
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
     _refuse_features(case)
@@ -428,6 +445,7 @@ def prepare_torch_flex_paged(env, case, copies):
 
 # ------------------------------------------------------------------------------ jax peers
 def prepare_jax_pallas_paged(env, case, copies):
+    _refuse_several_queries(case, "Pallas' paged_attention takes q [batch, heads, head_dim]")
     if _paged_kind(case) != "decode" or not case.uniform:
         raise NotApplicable("decode batches only")
     _refuse_features(case)
@@ -476,6 +494,7 @@ def prepare_jax_pallas_paged(env, case, copies):
 
 
 def prepare_jax_composite(env, case, copies):
+    _refuse_several_queries(case, "the composite is the one-query decode program")
     if _paged_kind(case) != "decode":
         raise NotApplicable("decode only (dense masks of prefill would not fit)")
     _refuse_features(case)
@@ -554,7 +573,8 @@ def needs_clean_process(spec: ImplSpec, env: BenchEnv) -> bool:
     return spec.needs_clean_torch and (env.on_gpu or os.environ.get(FORCE_CLEAN_TORCH_ENV) == "1")
 
 
-PAGED = frozenset({"decode", "mixed", "prefill"})
+PAGED = frozenset({"decode", "mixed", "prefill", SPEC_DECODE})
+DECODE = frozenset({"decode", SPEC_DECODE})  # decode peers: n/a, with why, where q_len > 1
 ALL = PAGED | {"simple_add", "overhead_decode"}
 IMPLS: tuple[ImplSpec, ...] = (
     ImplSpec("xgo_torch", "ours", ALL, False, prepare_xgo_torch),
@@ -571,7 +591,7 @@ IMPLS: tuple[ImplSpec, ...] = (
     ImplSpec(
         "torch_sdpa_contiguous",
         "peer",
-        frozenset({"decode", "prefill"}),
+        frozenset({"decode", "prefill", SPEC_DECODE}),
         False,
         prepare_torch_sdpa_contiguous,
     ),
@@ -579,14 +599,14 @@ IMPLS: tuple[ImplSpec, ...] = (
     ImplSpec(
         "torch_flex_paged",
         "peer",
-        frozenset({"decode"}),
+        DECODE,
         True,
         prepare_torch_flex_paged,
         anchor_only=True,
         needs_clean_torch=True,
     ),
-    ImplSpec("jax_pallas_paged", "peer", frozenset({"decode"}), True, prepare_jax_pallas_paged),
-    ImplSpec("jax_composite", "peer", frozenset({"decode"}), True, prepare_jax_composite),
+    ImplSpec("jax_pallas_paged", "peer", DECODE, True, prepare_jax_pallas_paged),
+    ImplSpec("jax_composite", "peer", DECODE, True, prepare_jax_composite),
     *(
         ImplSpec(name, "peer", kinds, False, prepare)
         for name, (kinds, prepare) in flashinfer_peer.PEERS.items()

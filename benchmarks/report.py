@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks.cases import ANCHOR
+from benchmarks.cases import ANCHOR, SPEC_DECODE, spec_twin
 
 # Our implementation whose numbers carry the verdicts, in order of preference.
 PRIMARY_ORDER = ("xgo_torch", "xgo_jax_graph", "xgo_jax_nograph", "reference")
@@ -36,6 +36,13 @@ XQA = ("flashinfer_xqa",)  # vLLM's decode kernel on Hopper
 # decode at least this much faster; prefill and mixed batches at most this much slower.
 FP8_DECODE_SPEEDUP = 1.8
 FP8_TIME_RATIO = {"prefill": 1.1, "mixed": 1.0}
+# A speculative-decoding verify row (spec_decode) at q_len <= SPEC_RATIO_MAX_Q against the q_len 1
+# row of its shape: at most this much slower (the extra query tokens add no KV bytes: the work
+# stays bound by the cache's bandwidth).
+SPEC_TIME_RATIO = 1.2
+SPEC_RATIO_MAX_Q = 4
+# Kinds whose floor is the read bandwidth: compared with the record at its bandwidth.
+BANDWIDTH_KINDS = ("decode", SPEC_DECODE, "mixed")
 SDPA = ("torch_sdpa_contiguous", "torch_sdpa")
 
 
@@ -56,6 +63,13 @@ def primary(record: dict) -> tuple[str, dict] | None:
         if entry and entry.get("status") == "ok":
             return name, entry
     return None
+
+
+def telling(impls: dict, names) -> str:
+    """Of `names` (entries of impls), the one whose reason best says why none gave a number: the
+    first that is not n/a, else the first. Two peers share a column where each covers some rows
+    (FlashInfer's decode and prefill wrappers): the one a row is not for is n/a there."""
+    return next((n for n in names if impls[n].get("status") != "n/a"), names[0])
 
 
 def _peer(record: dict, names) -> tuple[str, dict] | None:
@@ -128,8 +142,11 @@ def _vs_peer(record, name, entry, peers=FLASHINFER, what="FlashInfer") -> dict:
     peer = _peer(record, peers)
     target = f"≤ {what}'s time (same inputs)"
     if peer is None:
-        status = [record["impls"].get(n) for n in peers if n in record["impls"]]
-        why = (status[0].get("reason") or status[0].get("status")) if status else "absent"
+        present = [n for n in peers if n in record["impls"]]
+        why = "absent"
+        if present:
+            status = record["impls"][telling(record["impls"], present)]
+            why = status.get("reason") or status.get("status")
         return _row(record, name, entry, target, f"no {what} number ({why})")
     return _row(
         record, name, entry, target, _time_verdict(*_with_note(entry, peer[1]["median_us"], what))
@@ -169,6 +186,35 @@ def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
         shown = f"{ratio:.2f}x {'≤' if met else '>'} {limit:.1f}x"
         verdict = "met" if met else f"MISSED by {100 * (ratio / limit - 1):.0f}%"
     return _row(record, name, entry, target, f"{verdict} ({shown}: {pair})")
+
+
+def _vs_one_query(record, name, entry, by_name: dict) -> dict | None:
+    """A spec_decode row of q_len <= SPEC_RATIO_MAX_Q against the q_len 1 row of its shape
+    (cases.spec_twin), the same implementation of ours: its slower timing against that row's
+    faster one. None for a longer q_len (judged against the peers only)."""
+    p = record["params"]
+    q_len = p["num_tokens"] // p["batch"]
+    if q_len > SPEC_RATIO_MAX_Q:
+        return None
+    target = f"time ≤ {SPEC_TIME_RATIO:.1f}x the q_len 1 row's of its shape"
+    twin = by_name.get(spec_twin(record["name"]))
+    if twin is None or twin.get("skipped"):
+        why = twin["skipped"] if twin else "its row is not in the run"
+        return _row(record, name, entry, target, f"no q_len 1 number ({why})")
+    same = twin["impls"].get(name, {})
+    if same.get("status") != "ok":
+        why = same.get("reason") or same.get("status", "absent")
+        return _row(record, name, entry, target, f"no q_len 1 number for {name} ({why})")
+    spec_us, _ = _ours_us(entry)
+    one_us = fastest_us(same)
+    ratio = spec_us / one_us
+    met = ratio <= SPEC_TIME_RATIO
+    shown = (
+        f"{ratio:.2f}x {'≤' if met else '>'} {SPEC_TIME_RATIO:.1f}x: {spec_us:.1f} µs at q_len "
+        f"{q_len} against {one_us:.1f} µs at q_len 1"
+    )
+    verdict = "met" if met else f"MISSED by {100 * (ratio / SPEC_TIME_RATIO - 1):.0f}%"
+    return _row(record, name, entry, target, f"{verdict} ({shown})")
 
 
 def _with_note(entry: dict, limit_us: float, what: str) -> tuple[float, float, str, str]:
@@ -219,6 +265,12 @@ def verdicts(results: dict) -> list[dict]:
             out.append(_vs_peer(record, name, entry))
             if any(n in record["impls"] for n in XQA):  # records from before XQA lack it
                 out.append(_vs_peer(record, name, entry, XQA, "XQA"))
+        elif kind == SPEC_DECODE:
+            one_query = _vs_one_query(record, name, entry, by_name)
+            if one_query is not None:
+                out.append(one_query)
+            out.append(_vs_peer(record, name, entry))
+            out.append(_vs_peer(record, name, entry, XQA, "XQA"))
         elif kind == "mixed":
             out.append(
                 _row(
@@ -316,8 +368,9 @@ def bandwidth_scale(results: dict) -> float:
 def compare_with_record(results: dict) -> dict[str, dict]:
     """case -> {record_us, us, change_pct, slower} where the record has the same device and impl.
 
-    Rows whose floor is the read bandwidth (decode, mixed) are compared at the record's bandwidth:
-    time x this run's read bandwidth / the record's. Other rows are compared as measured.
+    Rows whose floor is the read bandwidth (BANDWIDTH_KINDS) are compared at the record's
+    bandwidth: time x this run's read bandwidth / the record's. Other rows are compared as
+    measured.
     """
     base = results.get("baseline") or {}
     device = ((results.get("env") or {}).get("gpu") or {}).get("name")
@@ -330,7 +383,7 @@ def compare_with_record(results: dict) -> dict[str, dict]:
         old = base["rows"].get(record["name"])
         if best is None or old is None or old["impl"] != best[0]:
             continue
-        us = best[1]["median_us"] * (scale if record["kind"] in ("decode", "mixed") else 1.0)
+        us = best[1]["median_us"] * (scale if record["kind"] in BANDWIDTH_KINDS else 1.0)
         change = 100 * (us / old["median_us"] - 1)
         slower = change > RECORD_NOISE_PCT and us - old["median_us"] > RECORD_NOISE_US
         out[record["name"]] = {
@@ -357,7 +410,8 @@ def record_verdict(results: dict) -> dict:
         return {**row, "verdict": f"not comparable: {where}, this run on {device}"}
     compared = compare_with_record(results)
     scale = (
-        f"decode and mixed rows at the record's read bandwidth (x {bandwidth_scale(results):.3f}: "
+        f"decode, spec decode and mixed rows at the record's read bandwidth (x "
+        f"{bandwidth_scale(results):.3f}: "
         f"{results['ceilings']['read_gbps']:.0f} / {base.get('read_gbps') or 0:.0f} GB/s)"
     )
     slower = {k: v for k, v in compared.items() if v["slower"]}
@@ -447,7 +501,8 @@ LEGEND = (
     "vs peers: relative L2 error of our output against FlashInfer's (FI), its XQA decode's and "
     "SDPA's (every output is also checked against a higher-precision reference). A row's name "
     "holds its variant after the head dim: _fp8 (fp8 KV cache), _sinks (attention sinks), _w128 "
-    "(sliding window of 128 keys). vs record: our time against the record's (decode and mixed "
+    "(sliding window of 128 keys), then _q4 (speculative decoding's verify step: 4 query tokens "
+    "per sequence). vs record: our time against the record's (decode, spec decode and mixed "
     "rows at its read bandwidth). FlashInfer plans on the host "
     "(`plan()`, untimed: its design); ours has no host plan. Verdicts judge the slower timing."
 )
@@ -498,6 +553,7 @@ def _short_target(target: str) -> str:
         ("FlashInfer", "FlashInfer"),
         ("XQA", "XQA"),
         ("fp8", "fp8 vs bf16"),
+        ("q_len 1", "vs q_len 1"),
         ("SDPA", "0.9x SDPA"),
         ("floor", "floor"),
         ("host time", "host µs"),

@@ -125,12 +125,14 @@ def test_smoke_json_is_sane(smoke):
 
 
 def test_smoke_checks_ours_against_sdpa_and_flashinfer(smoke):
-    """Every paged row compares our output with SDPA's, FlashInfer's and, on decode rows, XQA's
-    (or says why not): SDPA takes the fp8 row (a dequantised copy), not the sinks row."""
+    """Every paged row compares our output with SDPA's, FlashInfer's and, on decode and spec
+    decode rows, XQA's (or says why not): SDPA takes the fp8 row (a dequantised copy) and the spec
+    decode row (a lower-right causal mask), not the sinks row."""
     _, results = smoke
     cases = {c.name: c for c in smoke_cases()}
+    assert "spec_decode" in {c["kind"] for c in results["cases"]}
     for case in results["cases"]:
-        if case["kind"] not in ("decode", "mixed", "prefill"):
+        if case["kind"] not in ("decode", "spec_decode", "mixed", "prefill"):
             continue
         cross = case["cross_check"]
         assert cross["ours"] is not None, case["name"]
@@ -143,7 +145,7 @@ def test_smoke_checks_ours_against_sdpa_and_flashinfer(smoke):
         flashinfer = {k: v for k, v in cross["against"].items() if k.startswith("flashinfer")}
         peers_of_kind = (
             {"flashinfer_decode", "flashinfer_xqa"}
-            if case["kind"] == "decode"
+            if case["kind"] in ("decode", "spec_decode")
             else {"flashinfer_prefill"}
         )
         assert set(flashinfer) == peers_of_kind, (case["name"], cross)
@@ -243,7 +245,15 @@ def test_quick_grid_keeps_required_rows():
     assert any("_d64_" in n for n in names)
     assert any("_d256_" in n for n in names)
     kinds = {c.kind for c in all_cases(quick=True)}
-    assert kinds == {"decode", "mixed", "prefill", "simple_add", "overhead_decode", "host_cost"}
+    assert kinds == {
+        "decode",
+        "spec_decode",
+        "mixed",
+        "prefill",
+        "simple_add",
+        "overhead_decode",
+        "host_cost",
+    }
     prefill = {
         (c.batch, c.seqs[0][0], c.head_dim) for c in all_cases(quick=True) if c.kind == "prefill"
     }
@@ -251,8 +261,10 @@ def test_quick_grid_keeps_required_rows():
     # a decode row of each new path: FlashInfer's and XQA's fp8 decode, sinks and a window
     assert "decode_B32_ctx4k_h32-8_d128_fp8_p16" in names
     assert "decode_B32_ctx4k_h64-8_d64_sinks_w128_p16" in names
+    assert "decode_B32_ctx4k_h32-8_d128_q4_p16" in names  # speculative decoding's verify step
     # decode and prefill at D 64/128/256, fp8 decode, sink decode; XQA: 8 (dtype, D, page, group)
-    assert len(flashinfer_peer.modules_needed(all_cases(quick=True))) == 3 * 2 + 2 + 8
+    # and the q_len 4 row's speculative-decoding module
+    assert len(flashinfer_peer.modules_needed(all_cases(quick=True))) == 3 * 2 + 2 + 8 + 1
     full = all_cases(quick=False)
     assert len([c for c in full if c.kind == "decode"]) == 4 * 4 * 3 + 3 + 3
 

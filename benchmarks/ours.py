@@ -77,7 +77,7 @@ def op_paged_attention(
     ]
     if k_scale is not None or v_scale is not None:  # else the call the host-cost row times
         args += [None, k_scale, v_scale]  # soft_cap, k_scale, v_scale
-    return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks)
+    return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks)[0]
 
 
 def op_simple_add(a, b):

@@ -109,7 +109,7 @@ class XlaGpuAttention(nn.Module):
             self.scale,
             self.sliding_window,
             self.soft_cap,
-        )
+        )[0]
         return self.o_proj(attn.reshape(num_tokens, -1)), kv_cache
 
 

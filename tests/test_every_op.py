@@ -59,8 +59,11 @@ def assert_outputs(op: ops.Op, actual: list, **tolerance) -> None:
 
 
 def by_name(op: ops.Op, operands) -> dict:
-    """Operands as keyword arguments: how every public function takes them (some only so)."""
-    return dict(zip(op.operand_names, operands, strict=True))
+    """Operands as keyword arguments: how every public function takes them (some only so), and
+    every result returned on request asked for (paged_attention's LSE), so all are compared."""
+    return dict(zip(op.operand_names, operands, strict=True)) | {
+        f"return_{name}": True for name in op.on_request
+    }
 
 
 def call_torch(op: ops.Op, fn, device: str = "cpu") -> list:

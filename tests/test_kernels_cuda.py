@@ -37,7 +37,7 @@ SPECS = {"decode": DECODE, "prefill": PREFILL, "mixed": MIXED}
 
 def run_cuda(inputs: dict[str, torch.Tensor], **attrs) -> torch.Tensor:
     on_gpu = {name: t.cuda() for name, t in inputs.items()}
-    out = torch.ops.xla_gpu.paged_attention(**on_gpu, **attrs)
+    out = torch.ops.xla_gpu.paged_attention(**on_gpu, **attrs)[0]
     torch.cuda.synchronize()
     return out.cpu()
 
@@ -267,7 +267,7 @@ def test_scratch_buffer_per_stream_grows_and_stays_out_of_graphs():
     }
 
     def attend(name):
-        return torch.ops.xla_gpu.paged_attention(**on_gpu[name], scale=scale)
+        return torch.ops.xla_gpu.paged_attention(**on_gpu[name], scale=scale)[0]
 
     def check(out, name):
         error = rel_l2(out.cpu(), expected[name])
@@ -464,17 +464,17 @@ def test_static_errors_name_the_argument():
     with pytest.raises(ValueError, match="kv_cache: on cpu"):
         torch.ops.xla_gpu.paged_attention(
             **{**inputs, "kv_cache": inputs["kv_cache"].cpu()}, scale=1.0
-        )
+        )[0]
     with pytest.raises(TypeError, match="kv_cache: dtype"):
         torch.ops.xla_gpu.paged_attention(
             **{**inputs, "kv_cache": inputs["kv_cache"].half()}, scale=1.0
-        )
+        )[0]
     q = inputs["query"][..., :32].contiguous()
     kv = inputs["kv_cache"][..., :32].contiguous()
     with pytest.raises(ValueError, match="head_dim"):
-        torch.ops.xla_gpu.paged_attention(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)
+        torch.ops.xla_gpu.paged_attention(**{**inputs, "query": q, "kv_cache": kv}, scale=1.0)[0]
     with pytest.raises(ValueError, match="soft_cap"):
-        torch.ops.xla_gpu.paged_attention(**inputs, scale=1.0, soft_cap=-1.0)
+        torch.ops.xla_gpu.paged_attention(**inputs, scale=1.0, soft_cap=-1.0)[0]
 
 
 def test_bad_page_past_the_first_check_chunk_poisons_the_sequence():
@@ -962,7 +962,7 @@ def test_fp8_cache_agrees_with_the_host_handler():
     """The same fp8 bytes through the CUDA kernels and the C++ host handler (the CPU op)."""
     seed = fresh_seed()
     inputs = with_fp8_cache(make_paged_inputs(MIXED, 8, 2, 128, 16, torch.bfloat16, seed))
-    on_host = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1, **FP8_SCALES)
+    on_host = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1, **FP8_SCALES)[0]
     assert rel_l2(run_cuda(inputs, scale=0.1, **FP8_SCALES), on_host) < 1e-2, f"seed {seed}"
 
 

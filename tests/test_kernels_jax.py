@@ -134,17 +134,18 @@ def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
             "sliding_window": sliding_window or None,
             "soft_cap": soft_cap or None,
         }
-        (workspace_elems,) = library_call(PAGED_ATTENTION, arrays, attrs)[1][1].shape
+        (workspace_elems,) = library_call(PAGED_ATTENTION, arrays, attrs)[1][-1].shape
     except (TypeError, ValueError):
         workspace_elems = 1
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,
         (
             jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+            jax.ShapeDtypeStruct(arrays[0].shape[:2], np.float32),  # lse
             jax.ShapeDtypeStruct((workspace_elems,), np.float32),
         ),
     )
-    out, _ = call(
+    out, _, _ = call(
         *with_absent(PAGED_ATTENTION, arrays),
         scale=np.float32(scale),
         sliding_window=np.int64(sliding_window),
@@ -579,11 +580,12 @@ def test_gpu_hlo_contains_both_custom_calls():
 
 def _legacy_paged_attention(arrays, opaque: bytes):
     xgo_jax.register()  # the raw ffi_call below does not register on its own
-    _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.125})
+    _, (*_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.125})
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.legacy_target,
         (
             jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+            jax.ShapeDtypeStruct(arrays[0].shape[:2], np.float32),  # lse
             jax.ShapeDtypeStruct(workspace.shape, np.float32),
         ),
         custom_call_api_version=2,
@@ -623,13 +625,14 @@ def test_gpu_ffi_handler_rejects_bad_static_input(workspace_elems, soft_cap, arg
     """The CUDA FFI handler itself (no Python checks) rejects what it can see statically."""
     arrays = [jax.device_put(a, GPUS[0]) for a in _bad()]
     if workspace_elems is None:
-        _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
+        _, (*_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
         (workspace_elems,) = workspace.shape
     xgo_jax.register()
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,
         (
             jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+            jax.ShapeDtypeStruct(arrays[0].shape[:2], np.float32),  # lse
             jax.ShapeDtypeStruct((workspace_elems,), np.float32),
         ),
     )
@@ -662,11 +665,12 @@ def test_host_handler_names_a_missing_attribute():
     """A typed-FFI call without one of the op's attributes is refused, naming it."""
     xgo_jax.register()
     arrays = [jax.device_put(a, CPU) for a in jax_inputs(small_inputs(torch.float32), CPU)]
-    _, (_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
+    _, (*_, workspace) = library_call(PAGED_ATTENTION, arrays, {"scale": 0.1})
     call = jax.ffi.ffi_call(
         PAGED_ATTENTION.ffi_target,
         (
             jax.ShapeDtypeStruct(arrays[0].shape, arrays[0].dtype),
+            jax.ShapeDtypeStruct(arrays[0].shape[:2], np.float32),  # lse
             jax.ShapeDtypeStruct(workspace.shape, np.float32),
         ),
     )

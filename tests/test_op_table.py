@@ -80,7 +80,8 @@ def test_schema():
     assert ops.PAGED_ATTENTION.schema() == (
         "(Tensor query, Tensor kv_cache, Tensor context_lens, Tensor block_tables, "
         "Tensor query_start_loc, Tensor num_seqs, float scale, int? sliding_window=None, "
-        "float? soft_cap=None, float? k_scale=None, float? v_scale=None, Tensor? sinks=None) -> Tensor"
+        "float? soft_cap=None, float? k_scale=None, float? v_scale=None, Tensor? sinks=None) "
+        "-> (Tensor, Tensor)"  # out and lse: the op always returns both
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
     # in place: the operand is marked mutable and not returned; the functional twin returns it
@@ -196,9 +197,15 @@ def test_public_functions_take_the_signature_of_the_table(op):
     reaches forward already bound."""
     seen = []
     extra = ops.Extra("flag", False, "a front end's own parameter")
-    fn = ops.public_function(op, lambda *a, **k: seen.append((a, k)), [extra])
+
+    def forward(*args, **kwargs):
+        seen.append((args, kwargs))
+        return tuple(range(op.returned)) if op.returned > 1 else 0
+
+    fn = ops.public_function(op, forward, [extra])
     params = list(inspect.signature(fn).parameters.values())
-    assert [p.name for p in params] == [*op.call_names, "flag"]
+    asked = [f"return_{name}" for name in op.on_request]
+    assert [p.name for p in params] == [*op.call_names, *asked, "flag"]
     keyword_only = params[op.num_required :]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in keyword_only)
     positional = params[: op.num_required]
@@ -208,7 +215,8 @@ def test_public_functions_take_the_signature_of_the_table(op):
         else inspect.Parameter.POSITIONAL_OR_KEYWORD
     )
     assert all(p.kind is kind for p in positional)
-    defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names) + [False]
+    defaults = [a.default for a in op.attrs] + [None] * len(op.optional_names)
+    defaults += [False] * len(asked) + [False]
     expected = [inspect.Parameter.empty if d is ops.REQUIRED else d for d in defaults]
     assert [p.default for p in keyword_only] == expected
     assert fn.__name__ == op.name
@@ -217,7 +225,13 @@ def test_public_functions_take_the_signature_of_the_table(op):
     assert "flag" in fn.__doc__
     required = {a.name: 1.0 for a in op.attrs if a.default is ops.REQUIRED}
     names = op.operand_names[: op.num_required]
-    fn(**dict(zip(names, range(op.num_required), strict=True)), **required, flag=True)
+    returned = fn(**dict(zip(names, range(op.num_required), strict=True)), **required, flag=True)
+    # results returned on request are left out unless asked for
+    main = [i for i, r in enumerate(op.results[: op.returned]) if r not in op.on_request]
+    assert returned == (main[0] if len(main) == 1 else tuple(main))
+    if asked:
+        everything = fn(*range(op.num_required), **required, **dict.fromkeys(asked, True))
+        assert everything == tuple(range(op.returned))
     operands, attrs = seen[0][0]
     assert operands == [*range(op.num_required), *[None] * len(op.optional_names)]
     assert attrs == {a.name: required.get(a.name, a.default) for a in op.attrs}

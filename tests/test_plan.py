@@ -47,8 +47,9 @@ def paged_call(
     dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32", "float32"]
     attrs = {**ATTRS, "sliding_window": sliding_window}
     call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, attrs)
-    assert results[1].dtype == "float32"
-    return call, results[1].shape[0]
+    workspace = results[-1]  # after out and lse
+    assert workspace.dtype == "float32"
+    return call, workspace.shape[0]
 
 
 def plan(call, sm90_prefill: bool, prefill_kernel: int = AUTO) -> tuple[str, int]:

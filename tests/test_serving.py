@@ -292,7 +292,7 @@ def test_torchax_fp8_attention_equals_the_reference():
     )
     with torchax.default_env():
         operands = [t.to("jax") for t in inputs.values()]
-        out = torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)
+        out = torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)[0]
         actual = torch.from_numpy(np.array(out.jax().astype(jnp.float32)))
     assert rel_l2(actual, expected) < 1e-2, f"seed {seed}"
 
@@ -358,7 +358,7 @@ def test_torch_xla_attention_scales_composite():
     )
     out = torch.ops.xla_gpu.paged_attention(
         *[t.to(device) for t in inputs.values()], 0.1, None, None, 2.0, 0.5
-    ).cpu()
+    )[0].cpu()
     torch.testing.assert_close(out.double(), expected.double(), rtol=1e-5, atol=1e-5)
 
 
@@ -437,7 +437,7 @@ def compile_fp8_check() -> None:
     inputs = {k: t.to(device) for k, t in fp8_case(seed).items()}
 
     def attend(*operands):
-        return torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)
+        return torch.ops.xla_gpu.paged_attention(*operands, 0.1, None, None, 0.025, 0.5)[0]
 
     eager = attend(*inputs.values())
     compiled = torch.compile(attend, fullgraph=True)(*inputs.values())

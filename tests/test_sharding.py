@@ -162,8 +162,10 @@ def test_partition_entries():
         (None,),
         ("heads",),  # sinks follow the query heads
     ]
-    assert head_sharding.result_entries(PAGED_ATTENTION, [3], ("a", "b")) == [
-        (None, ("a", "b"), None)
+    # out [T, Hq, D] and lse [T, Hq] follow the query heads
+    assert head_sharding.result_entries(PAGED_ATTENTION, [3, 2], ("a", "b")) == [
+        (None, ("a", "b"), None),
+        (None, ("a", "b")),
     ]
     # kv_cache_update: new_kv by its combined heads, slots replicated; the result is the cache
     assert head_sharding.partition_entries(KV_CACHE_UPDATE, "heads") == [
@@ -424,7 +426,7 @@ def torchax_route():
         return out.float() * 2.0
 
     def unsharded(query, kv_cache, *metadata):
-        out = torch.ops.xla_gpu.paged_attention(query * 0.5, kv_cache, *metadata, **attrs)
+        out = torch.ops.xla_gpu.paged_attention(query * 0.5, kv_cache, *metadata, **attrs)[0]
         return out.float() * 2.0
 
     with env:
@@ -713,7 +715,7 @@ def composite_case(case):
     inputs, attrs = make(case)
     on_device = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in attrs.items()}
     plain = torch.ops.xla_gpu.paged_attention(*[inputs[n].to(device) for n in REQUIRED],
-                                              **on_device)
+                                              **on_device)[0]
     torch_xla.sync()
     plain = plain.cpu()
     before = dumps()
@@ -739,7 +741,7 @@ def custom_call_case(manual):
     else:
         xs.mark_sharding(tensors[0], mesh, (None, "heads", None))
         xs.mark_sharding(tensors[1], mesh, (None, None, "heads", None))
-        out = torch.ops.xla_gpu.paged_attention(*tensors, **attrs)
+        out = torch.ops.xla_gpu.paged_attention(*tensors, **attrs)[0]
     try:
         torch_xla.sync()
         out.cpu()

@@ -85,7 +85,7 @@ def test_torch_cpu_op_and_wrapper(kind, dtype):
     seed = fresh_seed()
     inputs = make_paged_inputs(SPECS[kind], 8, 2, 64, 16, dtype, seed, pad_tokens=2, sinks=True)
     expected = reference.paged_attention(**inputs, scale=0.1, compute_dtype=torch.float64)
-    op = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1)
+    op = torch.ops.xla_gpu.paged_attention(**inputs, scale=0.1)[0]
     wrapper = xla_gpu_ops.paged_attention(
         *(inputs[n] for n in REQUIRED), scale=0.1, sinks=inputs["sinks"], validate=True
     )
@@ -100,7 +100,7 @@ def test_torch_cpu_op_and_wrapper(kind, dtype):
         plain,
         torch.ops.xla_gpu.paged_attention(
             *(inputs[n] for n in REQUIRED), 0.1, sinks=torch.empty(0)
-        ),
+        )[0],
     )
 
 
@@ -179,7 +179,9 @@ def test_torch_xla_composite_and_custom_call(monkeypatch):
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, "custom_call")
     monkeypatch.setenv(xgo_torch_xla.ABI_ENV, "ffi")
     for sinks, operand in ((on_xla["sinks"], "f32[8]"), (None, "f32[0]")):
-        lazy = torch.ops.xla_gpu.paged_attention(*(on_xla[n] for n in REQUIRED), 0.1, sinks=sinks)
+        lazy = torch.ops.xla_gpu.paged_attention(*(on_xla[n] for n in REQUIRED), 0.1, sinks=sinks)[
+            0
+        ]
         hlo = torch_xla._XLAC._get_xla_tensors_hlo([lazy])
         line = next(x for x in hlo.splitlines() if ops.PAGED_ATTENTION.ffi_target in x)
         assert f"{operand}" in line.split("custom-call(")[1], line

@@ -109,7 +109,7 @@ def compile_check(device: str) -> None:
     def layer(query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs):
         out = torch.ops.xla_gpu.paged_attention(
             query * 2.0, kv_cache, context_lens, block_tables, query_start_loc, num_seqs, 0.06
-        )
+        )[0]
         return torch.ops.xla_gpu.simple_add(out, query)
 
     explanation = torch._dynamo.explain(layer)(*inputs.values())

@@ -67,7 +67,7 @@ def test_composite_matches_reference_lazy(sliding_window, soft_cap):
         soft_cap=soft_cap,
         compute_dtype=torch.float64,
     )
-    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.125, sliding_window, soft_cap)
+    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.125, sliding_window, soft_cap)[0]
     torch_xla.sync()
     xm.wait_device_ops()
     out = out.cpu()
@@ -85,7 +85,7 @@ def test_composite_two_scales_share_nothing_wrong():
     inputs = small_inputs(seed)
     for scale in (0.125, 0.5):
         expected = reference.paged_attention(**inputs, scale=scale, compute_dtype=torch.float64)
-        out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), scale, None, None).cpu()
+        out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), scale, None, None)[0].cpu()
         torch.testing.assert_close(
             out, expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{m}\nseed {seed}"
         )
@@ -99,7 +99,7 @@ def test_composite_under_torch_compile_openxla():
     )
 
     def attention(*args):
-        return torch.ops.xla_gpu.paged_attention(*args, 0.1, None, 3.0) * 2
+        return torch.ops.xla_gpu.paged_attention(*args, 0.1, None, 3.0)[0] * 2
 
     out = torch.compile(attention, backend="openxla")(*on_xla(inputs)).cpu()
     assert out.dtype == torch.bfloat16
@@ -120,7 +120,7 @@ def test_simple_add_composite_runs():
 def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     monkeypatch.setenv(xgo_torch_xla.ABI_ENV, "ffi")  # torch_xla < 2.9 defaults to legacy
     inputs = small_inputs(1)
-    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.1, 7, 5.0)
+    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.1, 7, 5.0)[0]
     line = custom_call_line(hlo_of(out), PAGED_ATTENTION.ffi_target)
     assert "api_version=API_VERSION_TYPED_FFI" in line
     assert (
@@ -136,7 +136,7 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     expected.append("f32[0]")  # sinks left out: the empty operand the library reads as none
     assert shapes == expected, "operands must be in the launcher's order"
     attrs = {"scale": 0.1, "sliding_window": 7, "soft_cap": 5.0}
-    _, (_, workspace) = library_call(PAGED_ATTENTION, list(inputs.values()), attrs)
+    _, (*_, workspace) = library_call(PAGED_ATTENTION, list(inputs.values()), attrs)
     (elems,) = workspace.shape
     assert elems > 1
     result = line.split("custom-call(")[0]
@@ -148,7 +148,7 @@ def test_custom_call_legacy_opaque_carries_config_bytes(custom_call_impl, monkey
     """backend_config is a std::string in the binding; pybind11 passes bytes with NULs intact."""
     monkeypatch.setenv(xgo_torch_xla.ABI_ENV, "legacy")
     inputs = small_inputs(2)
-    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.25, None, 2.0)
+    out = torch.ops.xla_gpu.paged_attention(*on_xla(inputs), 0.25, None, 2.0)[0]
     line = custom_call_line(hlo_of(out), PAGED_ATTENTION.legacy_target)
     assert "api_version=API_VERSION_STATUS_RETURNING" in line
     escaped = re.search(r'backend_config="((?:[^"\\]|\\.)*)"', line)[1]
@@ -202,7 +202,7 @@ def test_custom_call_on_xla_cpu_fails_cleanly_and_later_ops_work(
     custom_call_impl, monkeypatch, abi
 ):
     monkeypatch.setenv(xgo_torch_xla.ABI_ENV, abi)
-    out = torch.ops.xla_gpu.paged_attention(*on_xla(small_inputs(3)), 0.1, None, None)
+    out = torch.ops.xla_gpu.paged_attention(*on_xla(small_inputs(3)), 0.1, None, None)[0]
     with pytest.raises((RuntimeError, ValueError), match=MISSING_HOST_HANDLER[abi]):
         out.cpu()  # XLA compiles and runs here: the missing Host handler surfaces
     del out
@@ -237,7 +237,7 @@ def test_attributes_are_part_of_the_graph_hash(custom_call_impl, monkeypatch, ab
     graph_hash = torch_xla._XLAC._get_graph_hash
 
     def call(scale, window=None, cap=None):
-        return torch.ops.xla_gpu.paged_attention(*args, scale, window, cap)
+        return torch.ops.xla_gpu.paged_attention(*args, scale, window, cap)[0]
 
     base = call(0.1)
     assert graph_hash([base]) == graph_hash([call(0.1)]), (
@@ -285,7 +285,7 @@ def test_bad_env_values_name_the_variable(monkeypatch):
 def test_custom_call_on_cuda_xla_device_under_2_9_is_one_clear_error(custom_call_impl, monkeypatch):
     monkeypatch.setattr(xgo_torch_xla, "device_hardware", lambda device: "CUDA")
     with pytest.raises(RuntimeError, match=r"torch_xla 2\.\d+ cannot run xla_gpu custom calls"):
-        torch.ops.xla_gpu.paged_attention(*on_xla(small_inputs(5)), 0.1, None, None)
+        torch.ops.xla_gpu.paged_attention(*on_xla(small_inputs(5)), 0.1, None, None)[0]
 
 
 @pytest.mark.parametrize("impl", ["custom_call", "composite"])
@@ -293,11 +293,11 @@ def test_bad_static_input_raises_naming_the_argument(monkeypatch, impl):
     monkeypatch.setenv(xgo_torch_xla.IMPL_ENV, impl)
     args = on_xla(small_inputs(6))
     with pytest.raises(TypeError, match="context_lens"):
-        torch.ops.xla_gpu.paged_attention(args[0], args[1], args[2].long(), *args[3:], 0.1)
+        torch.ops.xla_gpu.paged_attention(args[0], args[1], args[2].long(), *args[3:], 0.1)[0]
     with pytest.raises(ValueError, match="scale"):
-        torch.ops.xla_gpu.paged_attention(*args, float("nan"))
+        torch.ops.xla_gpu.paged_attention(*args, float("nan"))[0]
     with pytest.raises(ValueError, match="query"):
-        torch.ops.xla_gpu.paged_attention(args[0][:, :3], *args[1:], 0.1)
+        torch.ops.xla_gpu.paged_attention(args[0][:, :3], *args[1:], 0.1)[0]
 
 
 def test_num_seqs_may_live_on_the_host():
@@ -305,7 +305,7 @@ def test_num_seqs_may_live_on_the_host():
     args = on_xla(inputs)
     args[-1] = inputs["num_seqs"]  # CPU tensor
     expected = reference.paged_attention(**inputs, scale=0.1)
-    out = torch.ops.xla_gpu.paged_attention(*args, 0.1).cpu()
+    out = torch.ops.xla_gpu.paged_attention(*args, 0.1)[0].cpu()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 

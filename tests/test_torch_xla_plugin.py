@@ -394,7 +394,7 @@ GPU_SCRIPT = """
         results[f"paged_attention_{{dtype}}_lazy_rel_l2"] = rel_l2(lazy, expected)
 
         def attend(q, kv, lens, tables, starts, n):
-            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale, 64, 30.0)
+            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale, 64, 30.0)[0]
 
         compiled = torch.compile(attend, backend="openxla", fullgraph=True)
         dynamo = compiled(*(on_xla[name] for name in ("query", "kv_cache", "context_lens",

@@ -167,7 +167,7 @@ def test_paged_attention_eager(env, jax_calls, case, dtype):
             attrs["scale"],
             sliding_window=attrs.get("sliding_window"),
             soft_cap=attrs.get("soft_cap"),
-        )
+        )[0]
         assert isinstance(out, torchax.tensor.Tensor)
         assert out.dtype == dtype
         assert tuple(out.shape) == tuple(inputs["query"].shape)
@@ -224,7 +224,7 @@ def jitted_paged_attention(attrs: dict):
             attrs["scale"],
             attrs.get("sliding_window"),
             attrs.get("soft_cap"),
-        )
+        )[0]
         return out.float() * 3.0
 
     return jax.jit(torchax.interop.jax_view(torch_fn))
@@ -249,7 +249,7 @@ def test_paged_attention_bad_input_names_argument(env):
     with env, pytest.raises(TypeError, match="kv_cache"):
         torch.ops.xla_gpu.paged_attention(
             *(inputs[name].to("jax") for name in OPERANDS), attrs["scale"]
-        )
+        )[0]
 
 
 @pytest.mark.gpu

@@ -258,9 +258,12 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     ]
     dtypes = ["float16", "float16"] + ["int32"] * 4 + ["float32"]  # sinks: none, [0]
     config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0))
-    (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[1].shape
-    # outputs: (out, float32 workspace sized from static shapes)
-    assert f"(f16[{num_tokens},8,128]{{2,1,0}}, f32[{workspace}]{{0}}) custom-call(" in line
+    (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[-1].shape
+    # outputs: (out, lse, float32 workspace sized from static shapes)
+    assert (
+        f"(f16[{num_tokens},8,128]{{2,1,0}}, f32[{num_tokens},8]{{1,0}}, f32[{workspace}]{{0}}) "
+        "custom-call(" in line
+    ), line
     if abi == "legacy":
         assert 'custom_call_target="xla_gpu_paged_attention_legacy"' in line
         assert "api_version=API_VERSION_STATUS_RETURNING" in line
@@ -392,7 +395,7 @@ GPU_SCRIPT = """
         results[f"paged_attention_{{dtype}}_lazy_rel_l2"] = rel_l2(lazy, expected)
 
         def attend(q, kv, lens, tables, starts, n):
-            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale, 64, 30.0)
+            return torch.ops.xla_gpu.paged_attention(q, kv, lens, tables, starts, n, scale, 64, 30.0)[0]
 
         compiled = torch.compile(attend, backend="openxla", fullgraph=True)
         dynamo = compiled(*(on_xla[name] for name in ("query", "kv_cache", "context_lens",

@@ -78,7 +78,13 @@ def _define(op: ops.Op) -> None:
         operands, attrs = op.split_schema_args(args)
         _static_checks(op, operands, attrs)
         by_name = dict(zip(op.operand_names, operands, strict=True))
-        results = [torch.empty_like(by_name[name]) for name in op.result_like]
+        results = []
+        for i, spec in enumerate(op.returned_specs):
+            if i in op.aliases:
+                continue  # written in place: the torch op does not return it
+            like = by_name[spec.operand]
+            dtype = like.dtype if spec.dtype is None else getattr(torch, spec.dtype)
+            results.append(like.new_empty(like.shape[: spec.rank], dtype=dtype))
         if not results:
             return None
         return results[0] if len(results) == 1 else tuple(results)

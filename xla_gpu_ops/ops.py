@@ -11,6 +11,7 @@ Importing this module needs numpy only.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -94,6 +95,16 @@ class Attr:
 
 
 @dataclass(frozen=True)
+class Like:
+    """A returned result's shape and dtype, from an operand: the operand's leading `rank` dims
+    (None: all of them) and `dtype` (None: the operand's). Sharded like the operand too."""
+
+    operand: str
+    rank: int | None = None
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     operands: tuple[Operand, ...]
@@ -101,9 +112,9 @@ class Op:
     # Results in the library's order. The first `returned` are the op's outputs; the rest are
     # scratch space the library sizes (the CUDA handlers never allocate) and callers drop.
     results: tuple[str, ...]
-    # Each returned result that is not aliased has the shape and dtype of this operand (the
-    # fake / meta kernels of the torch op).
-    result_like: tuple[str, ...]
+    # Each returned result that is not aliased has the shape and dtype of this operand, or what a
+    # Like says (the fake / meta kernels of the torch op, the sharding wrappers' specs).
+    result_like: tuple[str | Like, ...]
     doc: str
     returned: int = 1
     # Results written in place into an operand: {result index: operand index}. The torch op
@@ -112,6 +123,10 @@ class Op:
     # jax.ffi vmap_method: "broadcast_all" for elementwise ops, "sequential" otherwise.
     vmap_method: str = "sequential"
     aliases: Mapping[int, int] = field(default_factory=dict)
+    # Returned results the public functions return only when asked (`return_<name>=True`), after
+    # the others, {result: what it is}: paged_attention's LSE. The op itself (torch op, custom
+    # call) always returns them.
+    on_request: Mapping[str, str] = field(default_factory=dict)
     # The public functions take every argument by keyword: for ops whose operands a positional
     # slip would mix up silently (key and value of one shape); an error then names the argument.
     keyword_only: bool = False
@@ -170,11 +185,43 @@ class Op:
     def returned_like(self) -> tuple[str, ...]:
         """Per returned result, the operand it takes its shape, dtype and sharding from: the
         aliased operand for an in-place result, else the next entry of result_like."""
+        return tuple(like.operand for like in self.returned_specs)
+
+    @property
+    def returned_specs(self) -> tuple[Like, ...]:
+        """Per returned result, its Like (the aliased operand, whole, for an in-place result)."""
         like = iter(self.result_like)
-        return tuple(
-            self.operands[self.aliases[i]].name if i in self.aliases else next(like)
-            for i in range(self.returned)
-        )
+        specs = []
+        for i in range(self.returned):
+            spec = Like(self.operands[self.aliases[i]].name) if i in self.aliases else next(like)
+            specs.append(Like(spec) if isinstance(spec, str) else spec)
+        return tuple(specs)
+
+    def returned_ranks(self) -> list[int]:
+        """Per returned result, its rank (-1: any, as its operand's)."""
+        return [
+            self.operands[self.operand_names.index(spec.operand)].rank
+            if spec.rank is None
+            else spec.rank
+            for spec in self.returned_specs
+        ]
+
+    def public_returns(self, asked: Sequence[bool] = ()) -> Callable[[Any], Any]:
+        """picks what a public function returns from the op's returned results (library order):
+        every result but the on_request ones not asked for (`asked`: one flag per on_request
+        name); one result alone, else a tuple. Made once per call site's flags."""
+        names = list(self.on_request)
+        keep = [
+            i
+            for i, name in enumerate(self.results[: self.returned])
+            if name not in names or asked[names.index(name)]
+        ]
+        if keep == list(range(self.returned)):
+            return lambda outs: outs
+        if len(keep) == 1:
+            (index,) = keep
+            return lambda outs: outs[index]
+        return lambda outs: tuple(outs[i] for i in keep)
 
     @property
     def torch_returns(self) -> tuple[int, ...]:
@@ -220,6 +267,8 @@ class Op:
         for a in self.attrs:
             default = "required" if a.default is REQUIRED else f"default {a.default!r}"
             lines.append(f"    {a.name} ({a.kind.__name__}, {default}): {a.doc}")
+        for name, doc in self.on_request.items():
+            lines.append(f"    return_{name} (default False): also return {name}: {doc}")
         for e in extras:
             lines.append(f"    {e.name} (default {e.default!r}): {e.doc}")
         return "\n".join(lines + (["", note.strip()] if note else []))
@@ -381,6 +430,7 @@ def public_function(
             namespace[f"_default{i}"] = a.default
             params.append(f"{a.name}=_default{i}")
     params += [f"{name}=None" for name in op.optional_names]
+    params += [f"return_{name}=False" for name in op.on_request]
     for i, extra in enumerate(extras):
         namespace[f"_extra{i}"] = extra.default
         params.append(f"{extra.name}=_extra{i}")
@@ -389,10 +439,15 @@ def public_function(
     operands = ", ".join(op.operand_names)
     attrs = ", ".join(f"{a.name!r}: {a.name}" for a in op.attrs)
     keywords = "".join(f", {e.name}={e.name}" for e in extras)
-    source = (
-        f"def {op.name}({', '.join(params)}):\n"
-        f"    return _forward([{operands}], {{{attrs}}}{keywords})\n"
-    )
+    call = f"_forward([{operands}], {{{attrs}}}{keywords})"
+    if op.on_request:  # the results asked for: one picker per combination of the flags
+        flags = [f"return_{name}" for name in op.on_request]
+        namespace["_picks"] = {
+            asked: op.public_returns(asked)
+            for asked in itertools.product((False, True), repeat=len(flags))
+        }
+        call = f"_picks[({''.join(f'bool({f}), ' for f in flags)})]({call})"
+    source = f"def {op.name}({', '.join(params)}):\n    return {call}\n"
     exec(compile(source, f"<xla_gpu_ops.ops: {op.name}>", "exec"), namespace)
     function = namespace[op.name]
     function.__module__ = module
@@ -532,8 +587,14 @@ PAGED_ATTENTION = Op(
         Attr("k_scale", float, "key dequantisation scale: logits * k_scale", None, 1.0, True),
         Attr("v_scale", float, "value dequantisation scale: out * v_scale", None, 1.0, True),
     ),
-    results=("out", "workspace"),
-    result_like=("query",),
+    results=("out", "lse", "workspace"),
+    result_like=("query", Like("query", 2, "float32")),
+    returned=2,
+    on_request={
+        "lse": "float32 [T, Hq], the log-sum-exp of each row's logits (natural log, after scale "
+        "and soft cap, its sink included): merge_attention_states' input; -inf on rows past "
+        "query_start_loc[num_seqs]"
+    },
     doc="""Ragged paged attention, torch_xla's `ragged_paged_attention` semantics (docs/DESIGN.md).
 
 Returns out [T, Hq, D] in query's dtype; rows at or past query_start_loc[num_seqs] are zero. A

@@ -5,6 +5,7 @@ Semantics of paged_attention are torch_xla's `ragged_paged_attention` (docs/DESI
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -15,8 +16,10 @@ def of(op) -> Callable:
     """The reference of an op of the table (xla_gpu_ops.ops.Op): the function of this module named
     after it, which takes the required operands positionally, then the attributes and optional
     operands by keyword, and returns the op's outputs (an op writing in place updates its operand
-    and returns None)."""
+    and returns None), its on_request ones included (the function's `return_<name>=True`)."""
     function = getattr(sys.modules[__name__], op.name, None)
+    if function is not None and op.on_request:
+        function = functools.partial(function, **{f"return_{n}": True for n in op.on_request})
     if function is None:
         raise NotImplementedError(
             f"{op.name}: no reference: write `def {op.name}({', '.join(op.call_names)})` in "
@@ -45,8 +48,11 @@ def paged_attention(
     *,
     sinks: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """out[T, Hq, D]; softmax and products in `compute_dtype` (float64 for a tight oracle).
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """out [T, Hq, D], or with return_lse (out, lse [T, Hq] float32); softmax and products in
+    `compute_dtype` (float64 for a tight oracle). lse is the log-sum-exp of each row's logits, its
+    sink included, natural log; -inf on rows at or past query_start_loc[num_seqs].
 
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
     scales apply as logits * k_scale and out * v_scale. sinks [Hq] (None or empty: none): head h's
@@ -60,6 +66,7 @@ def paged_attention(
     num_kv_heads = kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads
     out = torch.zeros(query.shape, dtype=compute_dtype, device=query.device)
+    lse = torch.full(query.shape[:2], -torch.inf, dtype=compute_dtype, device=query.device)
     starts = query_start_loc.tolist()
     kv_lens = context_lens.tolist()
     for i in range(int(num_seqs[0])):
@@ -85,12 +92,14 @@ def paged_attention(
         logits = logits.masked_fill(masked, float("-inf"))
         if sinks is not None and sinks.numel():
             sink = sinks.to(compute_dtype)[:, None, None].expand(-1, q_len, 1)
-            probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+            logits = torch.cat([logits, sink], dim=-1)
+            probs = torch.softmax(logits, dim=-1)[..., :-1]
         else:
             probs = torch.softmax(logits, dim=-1)
         attended = torch.einsum("hqk,khd->qhd", probs, v)
         out[q_start:q_end] = attended * (v_scale or 1.0)
-    return out.to(query.dtype)
+        lse[q_start:q_end] = torch.logsumexp(logits, dim=-1).T
+    return (out.to(query.dtype), lse.float()) if return_lse else out.to(query.dtype)
 
 
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value

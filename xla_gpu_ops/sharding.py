@@ -65,7 +65,7 @@ def input_specs(op: ops.Op, axis: Axis = DEFAULT_AXIS) -> list[PartitionSpec]:
 
 def output_specs(op: ops.Op, axis: Axis = DEFAULT_AXIS) -> list[PartitionSpec]:
     """Partition spec of each returned result."""
-    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.returned_like]
+    ranks = op.returned_ranks()
     return [PartitionSpec(*e) for e in head_sharding.result_entries(op, ranks, _entry(axis))]
 
 
@@ -132,15 +132,24 @@ def shard_map_call(
     return jax.jit(mapped)(*[x for x in operands if x is not None])
 
 
-def paged_attention(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs):
+def paged_attention(
+    *args: Any,
+    mesh: Mesh,
+    axis: Axis = DEFAULT_AXIS,
+    abi: str = "ffi",
+    return_lse: bool = False,
+    **kwargs,
+):
     """`xla_gpu_ops.jax.paged_attention` with query heads and KV heads split over `axis` of
     `mesh` (a name or a tuple of names), under `jax.shard_map`. Same operands and attributes
     (positional or by name; attributes by name); returns out [T, Hq, D] sharded
-    `P(None, axis, None)`. Jit-able. ValueError naming kv_cache when Hkv is smaller than or not
-    divisible by the number of devices on `axis`."""
+    `P(None, axis, None)` (with return_lse, and lse [T, Hq] sharded `P(None, axis)`). Jit-able.
+    ValueError naming kv_cache when Hkv is smaller than or not divisible by the number of devices
+    on `axis`."""
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
-    return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
+    outs = shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
+    return op.public_returns((return_lse,))(outs)
 
 
 def kv_cache_update(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs):
@@ -174,6 +183,7 @@ def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
     share = kv_heads > 1 and all(n == 1 or kv_heads % n == 0 for n in mesh.shape.values())
     sizes: dict[str, int] = {}
     mappings: dict[str, tuple] = {}
+    factors: dict[str, list[Any]] = {}  # name -> its dimensions' factors
     kv_whole = False  # a factor that spans a whole dimension somewhere is given no size
     for name, shape in by_name.items():
         dims: list[Any] = [f"{name}_{j}" for j in range(len(shape))]
@@ -187,9 +197,10 @@ def _sharding_rule(op: ops.Op, shapes: Sequence[Sequence[int]], mesh: Mesh):
                 dims[entry.dim] = CompoundFactor("kv", f"{name}_per_kv")
                 sizes[f"{name}_per_kv"] = per_kv
         mappings[name] = ArrayMapping(*dims)
+        factors[name] = dims
     if share and not kv_whole:
         sizes["kv"] = kv_heads
-    results = tuple(mappings[like] for like in op.returned_like)
+    results = tuple(ArrayMapping(*factors[s.operand][: s.rank]) for s in op.returned_specs)
     return SdyShardingRule(tuple(mappings.values()), results, **sizes)
 
 
@@ -272,16 +283,17 @@ def partitioned_call(
     return _partitioned(op.name, abi)(*operands, static)
 
 
-def partitioned_paged_attention(*args: Any, abi: str = "ffi", **kwargs):
+def partitioned_paged_attention(*args: Any, abi: str = "ffi", return_lse: bool = False, **kwargs):
     """`xla_gpu_ops.jax.paged_attention` that plain `jax.jit` partitions by KV head: with
     kv_cache sharded `P(None, None, axis, None)` (and the query `P(None, axis, None)`) the
     compiled program runs the op per device on its heads, with no all-gather. Same operands and
     attributes. When the inputs' head axis has more devices than KV heads or does not divide
     them, the partitioner raises ValueError naming kv_cache while compiling; jax reports it as
-    a runtime error (XlaRuntimeError; JaxRuntimeError in later jax) whose message ends with it."""
+    a runtime error (XlaRuntimeError; JaxRuntimeError in later jax) whose message ends with it.
+    return_lse: (out, lse) as `xla_gpu_ops.jax.paged_attention`."""
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
-    return partitioned_call(op, operands, attrs, abi)
+    return op.public_returns((return_lse,))(partitioned_call(op, operands, attrs, abi))
 
 
 def partitioned_kv_cache_update(*args: Any, abi: str = "ffi", **kwargs):
@@ -320,12 +332,18 @@ def _torchax_call(
 
 
 def torchax_paged_attention(
-    *args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str = "ffi", **kwargs
+    *args: Any,
+    mesh: Mesh,
+    axis: Axis = DEFAULT_AXIS,
+    abi: str = "ffi",
+    return_lse: bool = False,
+    **kwargs,
 ):
     """`paged_attention` for a PyTorch program under torchax: torchax tensors in (shard them with
-    `tensor.apply_jax_(jax.device_put, sharding)`), a torchax tensor out; eager or inside
-    `jax.jit(torchax.interop.jax_view(fn))`."""
-    return _torchax_call(ops.PAGED_ATTENTION, args, kwargs, mesh, axis, abi)
+    `tensor.apply_jax_(jax.device_put, sharding)`), a torchax tensor out (with return_lse, and
+    the lse); eager or inside `jax.jit(torchax.interop.jax_view(fn))`."""
+    op = ops.PAGED_ATTENTION
+    return op.public_returns((return_lse,))(_torchax_call(op, args, kwargs, mesh, axis, abi))
 
 
 def torchax_kv_cache_update(

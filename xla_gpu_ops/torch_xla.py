@@ -21,8 +21,11 @@ imported when a function runs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -331,8 +334,10 @@ def paged_attention_composite(
     v_scale: float | None = None,
     *,
     sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """paged_attention as plain tensor ops with static shapes (one XLA graph, no host sync).
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """paged_attention (out, and lse with return_lse) as plain tensor ops with static shapes (one
+    XLA graph, no host sync).
 
     Every query row gathers the whole page list of its sequence (pages_per_seq * page_size keys)
     and masks: memory grows as num_tokens * pages_per_seq * page_size * num_kv_heads * head_dim,
@@ -382,18 +387,21 @@ def paged_attention_composite(
     logits = logits.masked_fill(~visible_or_first[:, None, None, :], float("-inf"))
     if sinks is not None and sinks.numel():  # one more logit per head, dropped after the softmax
         sink = sinks.float().reshape(1, num_kv_heads, group, 1).expand(num_tokens, -1, -1, 1)
-        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+        logits = torch.cat([logits, sink], dim=-1)
+        probs = torch.softmax(logits, dim=-1)[..., :-1]
     else:
         probs = torch.softmax(logits, dim=-1)
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(num_tokens, num_q_heads, head_dim)
     out = out * (v_scale or 1.0)
     out = torch.where(valid_token[:, None, None], out, torch.zeros((), device=device))
-    return out.to(query.dtype)
+    lse = torch.logsumexp(logits, dim=-1).reshape(num_tokens, num_q_heads)
+    lse = torch.where(valid_token[:, None], lse, torch.full((), -torch.inf, device=device))
+    return (out.to(query.dtype), lse) if return_lse else out.to(query.dtype)
 
 
 # Composites of the ops whose reference cannot serve: one that reads values on the host
 # (paged_attention's loops over sequences) or writes in place (the KV cache writes).
-COMPOSITES = {
+COMPOSITES: dict[str, Callable[..., Any]] = {
     "paged_attention": paged_attention_composite,
     "kv_cache_update": kv_cache_update_composite,
     "kv_cache_store": kv_cache_store_composite,
@@ -401,5 +409,11 @@ COMPOSITES = {
 
 
 def composite_of(op: ops.Op):
-    """The op's composite: COMPOSITES' entry, else its reference (plain torch ops, functional)."""
-    return COMPOSITES.get(op.name) or reference.of(op)
+    """The op's composite: COMPOSITES' entry, else its reference (plain torch ops, functional);
+    either returns every returned result, the on_request ones included."""
+    composite = COMPOSITES.get(op.name)
+    if composite is None:
+        return reference.of(op)
+    if op.on_request:
+        return functools.partial(composite, **{f"return_{n}": True for n in op.on_request})
+    return composite

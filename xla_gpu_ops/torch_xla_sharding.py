@@ -39,7 +39,7 @@ Axis = str | tuple[str, ...]
 def partition_specs(op: ops.Op | str = ops.PAGED_ATTENTION, axis: Axis = DEFAULT_AXIS):
     """(operand specs, result specs) as torch_xla partition-spec tuples."""
     op = ops.get(op)
-    ranks = [op.operands[op.operand_names.index(like)].rank for like in op.returned_like]
+    ranks = op.returned_ranks()
     return (
         head_sharding.partition_entries(op, axis),
         head_sharding.result_entries(op, ranks, axis),
@@ -108,7 +108,10 @@ def call(
     name = op.functional_name if op.aliases else op.name
     outs = getattr(getattr(torch.ops, ops.NAMESPACE), name)(*op.schema_args(local, attrs))
     outs = (outs,) if op.returned == 1 else tuple(outs)
-    full_shapes = [operands[op.operand_names.index(like)].shape for like in op.returned_like]
+    full_shapes = [
+        operands[op.operand_names.index(spec.operand)].shape[: spec.rank]
+        for spec in op.returned_specs
+    ]
     results = tuple(
         xs.disable_manual_sharding(out, spec, shape, mesh=mesh).global_tensor
         for out, spec, shape in zip(outs, out_specs, full_shapes, strict=True)
@@ -118,15 +121,17 @@ def call(
     return op.torch_result()(results)
 
 
-def paged_attention(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> torch.Tensor:
+def paged_attention(
+    *args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, return_lse: bool = False, **kwargs
+) -> Any:
     """torch.ops.xla_gpu.paged_attention on XLA tensors in SPMD mode, query heads and KV heads
     split over `axis` of `mesh` (an xs.Mesh with named axes). Same operands and attributes
     (positional or by name; attributes by name). Returns out [T, Hq, D] sharded
-    `(None, axis, None)`. ValueError naming kv_cache when Hkv is smaller than or not divisible
-    by the devices on `axis`."""
+    `(None, axis, None)` (with return_lse, and lse [T, Hq] sharded `(None, axis)`). ValueError
+    naming kv_cache when Hkv is smaller than or not divisible by the devices on `axis`."""
     op = ops.PAGED_ATTENTION
     operands, attrs = op.bind(args, kwargs)
-    return call(op, operands, attrs, mesh=mesh, axis=axis)
+    return op.public_returns((return_lse,))(call(op, operands, attrs, mesh=mesh, axis=axis))
 
 
 def kv_cache_update(*args: Any, mesh: Any, axis: Axis = DEFAULT_AXIS, **kwargs) -> None:

@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kThreads)
     float* dst = static_cast<float*>(p.out) + out_row * kD;
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
+    if (j == 0) p.lse[out_row] = RowLse(p, head, softmax.max[0], softmax.sum[0]);
   } else {
     const int64_t split_row = PartRow(p, w, token, head);
     float* dst = p.partial_out + split_row * kD;

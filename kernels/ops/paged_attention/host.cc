@@ -83,7 +83,7 @@ template <typename T, typename KV>
 int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                        const int32_t* context_lens, const int32_t* block_tables,
                        const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                       void* out) {
+                       void* out, float* lse) {
   using S = typename T::Storage;
   using KS = typename KV::Storage;
   const S* q_data = static_cast<const S*>(query);
@@ -96,6 +96,7 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
 
   // Every row no sequence writes (padding, and any before query_start_loc[0]) is zero.
   for (int64_t i = 0; i < c.num_tokens * c.num_q_heads * D; ++i) out_data[i] = T::Store(0.0f);
+  std::fill(lse, lse + c.num_tokens * c.num_q_heads, -std::numeric_limits<float>::infinity());
 
   std::vector<float> keys, values, q_row(D);
   std::vector<double> probs;
@@ -154,6 +155,10 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
           }
           S* o = out_data + ((q_start + r) * c.num_q_heads + h) * D;
           for (int64_t d = 0; d < D; ++d) o[d] = T::Store(static_cast<float>(acc[d] * c.v_scale));
+          if (denominator > 0.0) {
+            lse[(q_start + r) * c.num_q_heads + h] =
+                static_cast<float>(max_logit + std::log(denominator));
+          }
         }
       }
     }
@@ -165,17 +170,17 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
 int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                   const int32_t* context_lens, const int32_t* block_tables,
                   const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                  void* out) {
+                  void* out, float* lse) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(
       ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
         using T = typename decltype(type)::Type;
         if (c.kv_dtype == XGO_F8E4M3FN) {
           return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
-                                                   query_start_loc, num_seqs, sinks, out);
+                                                   query_start_loc, num_seqs, sinks, out, lse);
         }
         return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
-                                    num_seqs, sinks, out);
+                                    num_seqs, sinks, out, lse);
       });
 }
 
@@ -194,12 +199,13 @@ int32_t PagedAttention::CheckHostValues(const Config& c, const void* const* oper
 }
 
 int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
-  return Attention(
-      c, buffers[kQuery], buffers[kKvCache], static_cast<const int32_t*>(buffers[kContextLens]),
-      static_cast<const int32_t*>(buffers[kBlockTables]),
-      static_cast<const int32_t*>(buffers[kQueryStartLoc]),
-      static_cast<const int32_t*>(buffers[kNumSeqs]),
-      c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr, buffers[kOut]);
+  return Attention(c, buffers[kQuery], buffers[kKvCache],
+                   static_cast<const int32_t*>(buffers[kContextLens]),
+                   static_cast<const int32_t*>(buffers[kBlockTables]),
+                   static_cast<const int32_t*>(buffers[kQueryStartLoc]),
+                   static_cast<const int32_t*>(buffers[kNumSeqs]),
+                   c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
+                   buffers[kOut], static_cast<float*>(buffers[kLse]));
 }
 
 }  // namespace xgo

@@ -304,6 +304,7 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.query_start_loc = static_cast<const int32_t*>(buffers[kQueryStartLoc]);
   params.num_seqs = static_cast<const int32_t*>(buffers[kNumSeqs]);
   params.out = buffers[kOut];
+  params.lse = static_cast<float*>(buffers[kLse]);
   params.sinks = c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr;
   params.flags = reinterpret_cast<int32_t*>(workspace);
   params.partial_state = reinterpret_cast<PartState*>(workspace + plan.state_offset);

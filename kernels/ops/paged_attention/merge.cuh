@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
       const float value = ok ? 0.0f : QuietNaN();
       T* out = static_cast<T*>(p.out) + row * p.head_dim;
       for (int d = tid; d < p.head_dim; d += kThreads) out[d] = FromFloat<T>(value);
+      if (tid == 0) p.lse[row] = ok ? -INFINITY : value;
     }
     return;
   }
@@ -172,7 +173,9 @@ __global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
     scale[g] = exp2f(s_max[g] - base);
     total += scale[g] * s_sum[g];
   }
-  total += SinkTerm(p, static_cast<int>(row % p.num_q_heads), base);
+  const int head = static_cast<int>(row % p.num_q_heads);
+  if (tid == 0) p.lse[out_row] = any_nan ? QuietNaN() : RowLse(p, head, base, total);
+  total += SinkTerm(p, head, base);
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   T* out = static_cast<T*>(p.out) + out_row * p.head_dim;
   for (int v = tid; v < vecs; v += kThreads) {

@@ -184,7 +184,12 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   XGO_RETURN_IF_FAILED(CheckKernelLimits(c, PlaceOnDevice(c, plan, any_device)));
 
   results->results[0] = ToXgoShape(query);
-  XgoShape& workspace = results->results[1];
+  XgoShape& lse = results->results[1];
+  lse.dtype = XGO_F32;
+  lse.rank = 2;
+  lse.dims[0] = c.num_tokens;
+  lse.dims[1] = c.num_q_heads;
+  XgoShape& workspace = results->results[2];
   workspace.dtype = XGO_F32;
   workspace.rank = 1;
   workspace.dims[0] = plan.workspace_elems;

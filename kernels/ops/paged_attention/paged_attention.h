@@ -12,6 +12,9 @@
 //   sinks           float32 [num_q_heads], or [0] for none: one logit per query head that joins
 //                   the softmax's denominator and adds no value (gpt-oss; docs/DESIGN.md)
 //   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
+//   lse             float32 [num_tokens, num_q_heads]: each row's log-sum-exp of its logits
+//                   (natural log, after scale, k_scale and soft cap, the sink included); -inf
+//                   on rows past query_start_loc[num_seqs]
 //   workspace       float32 [plan.workspace_elems]: scratch, sized from static shapes only
 // Attributes: scale (f32), sliding_window (i64, 0 = none), soft_cap (f32, 0 = none), k_scale and
 // v_scale (f32, > 0; 1 = none): logits = q.k * scale * k_scale, out = softmax . v * v_scale (the
@@ -39,8 +42,8 @@ struct PagedAttention {
   enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs, kSinks };
   static constexpr std::array<const char*, 7> kOperandNames = {
       "query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs", "sinks"};
-  enum { kOut = 7, kWorkspace = 8 };  // buffer indices: results follow the operands
-  static constexpr std::array<const char*, 2> kResultNames = {"out", "workspace"};
+  enum { kOut = 7, kLse = 8, kWorkspace = 9 };  // buffer indices: results follow the operands
+  static constexpr std::array<const char*, 3> kResultNames = {"out", "lse", "workspace"};
   struct Attrs {
     float scale;
     int64_t sliding_window;

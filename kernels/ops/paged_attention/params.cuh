@@ -39,6 +39,7 @@ struct PagedAttentionParams {
   const int32_t* query_start_loc;
   const int32_t* num_seqs;
   void* out;
+  float* lse;          // [T, Hq]: each finished row's log-sum-exp (natural log, sink included)
   const float* sinks;  // [Hq], or nullptr: one more logit per query head in each row's softmax
   int32_t* flags;      // workspace words [0, state_offset)
   PartState* partial_state;  // [splits, T, Hq]

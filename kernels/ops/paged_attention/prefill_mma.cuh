@@ -266,6 +266,11 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
                 ? SinkTerm(p, w.head0 + r % p.heads_per_block, softmax.max[2 * mi + h])
                 : 0.0f;
         inv[mi][h] = softmax.Inverse(2 * mi + h, sink);
+        if (w.num_splits == 1 && r < w.rows && lane % 4 == 0) {  // a row's 4 lanes hold its sum
+          const int head = w.head0 + r % p.heads_per_block;
+          const int64_t row = static_cast<int64_t>(w.tok0 + r / p.heads_per_block) * p.num_q_heads;
+          p.lse[row + head] = RowLse(p, head, softmax.max[2 * mi + h], softmax.sum[2 * mi + h]);
+        }
       }
     }
     if (w.num_splits == 1) {

@@ -979,6 +979,18 @@ __device__ __forceinline__ void Sm90ConsumerItem(
         p.partial_state[split_row] = {c.softmax.max[h], c.softmax.sum[h]};
       }
     }
+    return;
+  }
+  // The rows' LSE, after the output (its registers are free by now: computed earlier, these
+  // few values made the kernel spill).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_base + lane / 4 + 8 * h;
+    if (r < w.rows && lane % 4 == 0) {  // a row's 4 lanes hold its sum
+      const int head = w.head0 + r % p.heads_per_block;
+      const int64_t row = static_cast<int64_t>(w.tok0 + r / p.heads_per_block) * p.num_q_heads;
+      p.lse[row + head] = RowLse(p, head, c.softmax.max[h], c.softmax.sum[h]);
+    }
   }
 }
 

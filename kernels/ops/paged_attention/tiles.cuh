@@ -18,6 +18,7 @@
 namespace xgo {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float QuietNaN() { return __int_as_float(0x7fc00000); }
 
@@ -70,10 +71,13 @@ __device__ __forceinline__ void FillUnownedRows(const PagedAttentionParams& p, b
   for (int j = 0; j < kPerVec; ++j) fill_elems[j] = FromFloat<T>(ok ? 0.0f : QuietNaN());
   const uint4 fill = *reinterpret_cast<const uint4*>(fill_elems);
   const int64_t vectors_per_row = static_cast<int64_t>(p.num_q_heads) * p.head_dim / kPerVec;
+  const float lse_fill = ok ? -INFINITY : QuietNaN();
   for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     if (ok && t >= first && t < last) continue;
     uint4* row = reinterpret_cast<uint4*>(p.out) + static_cast<int64_t>(t) * vectors_per_row;
     for (int64_t i = threadIdx.x; i < vectors_per_row; i += blockDim.x) row[i] = fill;
+    float* lse = p.lse + static_cast<int64_t>(t) * p.num_q_heads;
+    for (int h = threadIdx.x; h < p.num_q_heads; h += blockDim.x) lse[h] = lse_fill;
   }
 }
 
@@ -266,6 +270,25 @@ __device__ __forceinline__ void StorePartState(const PagedAttentionParams& p, co
   (w.by_sequence ? p.short_state : p.partial_state)[PartRow(p, w, token, head)] = {max, sum};
 }
 
+// A finished row's log-sum-exp in natural units, ln(2^max * sum + e^sink): `max` its log2-domain
+// maximum (0 or -inf where it saw no key), `sum` its keys' exp2 sum relative to that maximum. The
+// sink joins as one more logit; -inf for a row with neither keys nor sink.
+__device__ __forceinline__ float RowLse(const PagedAttentionParams& p, int head, float max,
+                                        float sum) {
+  const float keys = sum > 0.0f ? max + log2f(sum) : -INFINITY;
+  const float sink = p.sinks == nullptr ? -INFINITY : p.sinks[head] * kLog2e;
+  const float hi = fmaxf(keys, sink);
+  if (hi == -INFINITY) return -INFINITY;
+  return (hi + log2f(1.0f + exp2f(fminf(keys, sink) - hi))) * kLn2;
+}
+
+// Row (token, head)'s LSE where the row is finished here (one split); a split part's goes into
+// its PartState instead, for the merge.
+__device__ __forceinline__ void StoreRowLse(const PagedAttentionParams& p, const TileWork& w,
+                                            int token, int head, float lse) {
+  if (w.num_splits == 1) p.lse[static_cast<int64_t>(token) * p.num_q_heads + head] = lse;
+}
+
 // A sink's share of the softmax denominator of a row of query head `head` whose maximum logit is
 // `max` (log2 domain), 0 without sinks: exp(sink - max) in natural units, the sink taken as a
 // logit after scale and soft cap. Added where a row is finished (one split, or the merge), never
@@ -287,7 +310,10 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w,
     const int token = w.tok0 + r / p.heads_per_block;
     const int head = w.head0 + r % p.heads_per_block;
     StoreRow4<T>(p, w, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
-    if (i % vecs == 0) StorePartState(p, w, token, head, nan, nan);
+    if (i % vecs == 0) {
+      StorePartState(p, w, token, head, nan, nan);
+      StoreRowLse(p, w, token, head, nan);
+    }
   }
 }
 
@@ -550,7 +576,10 @@ __device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
     o.x *= inv, o.y *= inv, o.z *= inv, o.w *= inv;
     StoreRow4<T>(p, w, token, head, d, o);
-    if (d == 0) StorePartState(p, w, token, head, m, sum);
+    if (d == 0) {
+      StorePartState(p, w, token, head, m, sum);
+      StoreRowLse(p, w, token, head, RowLse(p, head, base, sum));
+    }
   }
 }
 

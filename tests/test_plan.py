@@ -43,8 +43,10 @@ def paged_call(
         (max_num_seqs + 1,),
         (1,),
         (0,),  # no sinks
+        (0,),  # no k_scales
+        (0,),  # no v_scales
     ]
-    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32", "float32"]
+    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32"] + ["float32"] * 3
     attrs = {**ATTRS, "sliding_window": sliding_window}
     call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, attrs)
     workspace = results[-1]  # after out and lse
@@ -125,11 +127,11 @@ def test_plan_picks_the_path_for_the_device(shapes, expected):
 
 
 def test_plan_hook_runs_the_static_checks():
-    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,)]
+    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,), (0,), (0,)]
     call = _library.make_call(
         ops.PAGED_ATTENTION,
         shapes,
-        ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32", "float32"],
+        ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32"] + ["float32"] * 3,
         ops.PAGED_ATTENTION.encode_attrs(ATTRS),
     )
     with pytest.raises(ValueError, match="head_dim"):

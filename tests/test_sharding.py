@@ -116,7 +116,9 @@ def test_layouts_name_real_operands():
 def shapes(num_q_heads: int, num_kv_heads: int, combined: int | None = None, sinks: int = 0):
     """Operand shapes of paged_attention; sinks: the entries of the sinks operand (0: none)."""
     combined = 2 * num_kv_heads if combined is None else combined
-    return [(10, num_q_heads, 64), (7, 16, combined, 64), (3,), (3, 4), (4,), (1,), (sinks,)]
+    metadata = [(3,), (3, 4), (4,), (1,)]
+    # then sinks, k_scales and v_scales (absent: [0])
+    return [(10, num_q_heads, 64), (7, 16, combined, 64), *metadata, (sinks,), (0,), (0,)]
 
 
 @pytest.mark.parametrize(
@@ -161,6 +163,8 @@ def test_partition_entries():
         (None,),
         (None,),
         ("heads",),  # sinks follow the query heads
+        (None,),  # k_scales and v_scales are replicated (one entry, or none)
+        (None,),
     ]
     # out [T, Hq, D] and lse [T, Hq] follow the query heads
     assert head_sharding.result_entries(PAGED_ATTENTION, [3, 2], ("a", "b")) == [
@@ -172,6 +176,8 @@ def test_partition_entries():
         (None, "heads", None),
         (None,),
         (None, None, "heads", None),
+        (None,),  # k_scales, v_scales: replicated
+        (None,),
     ]
     assert KV_CACHE_UPDATE.returned_like == ("kv_cache",)
     assert head_sharding.result_entries(KV_CACHE_UPDATE, [4], "heads") == [
@@ -181,7 +187,7 @@ def test_partition_entries():
 
 def test_cache_write_split_checks_new_kv_against_the_cache():
     def cache_shapes(new_kv_heads: int, cache_heads: int):
-        return [(40, new_kv_heads, 64), (40,), (7, 16, cache_heads, 64)]
+        return [(40, new_kv_heads, 64), (40,), (7, 16, cache_heads, 64), (0,), (0,)]
 
     head_sharding.check_split(KV_CACHE_UPDATE, cache_shapes(8, 8), 4, "x")  # 4 KV heads, 4 ways
     with pytest.raises(

@@ -110,7 +110,8 @@ def _define_functional(op: ops.Op) -> None:
         operands, attrs = op.split_schema_args(args)
         operands = [t.clone() if i in written else t for i, t in enumerate(operands)]
         _check_host_values(op, operands, attrs)
-        reference_of_op(*operands, **attrs)
+        required, optional = op.split_optional(operands)
+        reference_of_op(*required, **attrs, **optional)
         outs = [operands[op.aliases[j]] for j in range(op.returned)]
         return outs[0] if op.returned == 1 else tuple(outs)
 
@@ -139,12 +140,12 @@ def _functionalize_kernel(op: ops.Op):
         operands, attrs = op.split_schema_args(args)
         inner = []
         for t in operands:
-            if torch._is_functional_tensor(t):
+            if t is not None and torch._is_functional_tensor(t):
                 torch._sync(t)
                 t = torch._from_functional_tensor(t)
             inner.append(t)
         with hide(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)):
-            outs = functional(*inner, *[attrs[name] for name in op.attr_names])
+            outs = functional(*op.schema_args(inner, attrs))
         outs = list(outs) if isinstance(outs, tuple) else [outs]
         for result, operand in op.aliases.items():
             torch._functionalize_replace(operands[operand], outs[result])

@@ -52,7 +52,8 @@ class Operand:
 class Attr:
     """A static attribute. `none` is what the library reads when the user passes None (for
     sliding_window 0: no window; for k_scale 1.0); attributes without one cannot be None.
-    `positive` attributes must be > 0 when given."""
+    `positive` attributes must be > 0 when given. An attribute with a `tensor` operand also takes
+    a tensor, which the public functions pass as that operand."""
 
     name: str
     kind: type  # float or int
@@ -60,6 +61,9 @@ class Attr:
     default: Any = REQUIRED
     none: float | int | None = None
     positive: bool = False
+    # The optional operand a tensor given for this attribute goes to (k_scale -> k_scales): read
+    # by the kernels at run time, so a new value neither retraces nor recompiles.
+    tensor: str = ""
 
     def encode(self, op: str, value: Any) -> float | int:
         """The value the library reads; TypeError / ValueError naming the attribute."""
@@ -388,6 +392,24 @@ class Op:
         n = self.num_required
         return [*operands[:n], *(attrs[name] for name in self.attr_names), *operands[n:]]
 
+    def route_tensors(self, operands: list, attrs: dict) -> tuple[list, dict]:
+        """(operands, attrs) with each attribute given as a tensor or array (not a number, not
+        None) moved to its `tensor` operand, the attribute then None; TypeError naming the
+        attribute when that operand is given too."""
+        for a in self.attrs:
+            value = attrs[a.name]
+            if not a.tensor or value is None or isinstance(value, numbers.Real):
+                continue
+            index = self.operand_names.index(a.tensor)
+            if operands[index] is not None:
+                raise TypeError(
+                    f"{self.name}: {a.name}: a tensor here and {a.tensor} as well; give one"
+                )
+            if getattr(value, "ndim", None) == 0:  # a 0-d scalar tensor: one scale for all
+                value = value.reshape(1)
+            operands[index], attrs[a.name] = value, None
+        return operands, attrs
+
     def encode_attrs(self, attrs: Mapping[str, Any]) -> tuple[float | int, ...]:
         """The values the library reads, in table order (None -> the attribute's `none` value);
         attributes left out take their defaults."""
@@ -440,6 +462,9 @@ def public_function(
     attrs = ", ".join(f"{a.name!r}: {a.name}" for a in op.attrs)
     keywords = "".join(f", {e.name}={e.name}" for e in extras)
     call = f"_forward([{operands}], {{{attrs}}}{keywords})"
+    if any(a.tensor for a in op.attrs):  # tensor-valued attributes become their operands
+        namespace["_route"] = op.route_tensors
+        call = f"_forward(*_route([{operands}], {{{attrs}}}){keywords})"
     if op.on_request:  # the results asked for: one picker per combination of the flags
         flags = [f"return_{name}" for name in op.on_request]
         namespace["_picks"] = {
@@ -472,7 +497,8 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
     """3 live sequences (decode, prefill, chunked prefill), 1 unused slot, 2 padding rows;
     Hq=8, Hkv=2, head_dim=64, page_size=16, float32, pages in reverse order. zeros=True makes every
     input all zeros, metadata included (num_seqs = 0, a valid empty batch): the case where a graph
-    built from constants could be folded into a constant."""
+    built from constants could be folded into a constant. Scales per KV head (k_scales, v_scales;
+    absent, [0], in the zero call)."""
     seqs = [(1, 37), (17, 17), (3, 64)]  # (q_len, context_len)
     num_q_heads, num_kv_heads, head_dim, page_size, pad_tokens, spare_slots = 8, 2, 64, 16, 2, 1
     pages_per_seq = max(-(-ctx // page_size) for _, ctx in seqs)
@@ -487,6 +513,8 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
         ((num_slots + 1,), np.int32),
         ((1,), np.int32),
         ((num_q_heads,), np.float32),
+        ((0 if zeros else num_kv_heads,), np.float32),
+        ((0 if zeros else num_kv_heads,), np.float32),
     ]
     sample = {
         name: np.zeros(shape, dtype)
@@ -505,10 +533,36 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
         starts[1 : len(seqs) + 1] = np.cumsum([q for q, _ in seqs])
         starts[len(seqs) + 1 :] = starts[len(seqs)]
         sample["num_seqs"][0] = len(seqs)
+        sample.update(_scales_sample(rng, num_kv_heads))
     return sample
 
 
+def _scales_sample(rng: np.random.Generator, num_kv_heads: int) -> dict[str, np.ndarray]:
+    """k_scales and v_scales per KV head, around 1 and never equal."""
+    return {
+        name: rng.uniform(0.5, 2.0, (num_kv_heads,)).astype(np.float32)
+        for name in ("k_scales", "v_scales")
+    }
+
+
 _FLOATS = "float32, float16 or bfloat16"
+# Dequantisation scales as tensors (vLLM's k_scale / v_scale, per tensor or per KV head).
+_SCALES = "float32"
+K_SCALES = Operand(
+    "k_scales",
+    1,
+    _SCALES,
+    "[Hkv] or [1]: key scales per KV head (or one for all), read at run time; None: none. Also "
+    "what a tensor k_scale becomes",
+    optional=True,
+)
+V_SCALES = Operand(
+    "v_scales",
+    1,
+    _SCALES,
+    "[Hkv] or [1]: value scales per KV head (or one), as k_scales; a tensor v_scale becomes it",
+    optional=True,
+)
 # Metadata: the library reads int32; the public functions also take int64 (converted on the way).
 _INDEX = "int32 (int64: converted)"
 _INT64 = ("int64",)
@@ -577,6 +631,8 @@ PAGED_ATTENTION = Op(
             converts=("float16", "bfloat16"),
             cast_to="float32",
         ),
+        K_SCALES,
+        V_SCALES,
     ),
     attrs=(
         Attr("scale", float, "logits multiplier"),
@@ -584,8 +640,25 @@ PAGED_ATTENTION = Op(
             "sliding_window", int, "keys older than this many positions are masked", None, 0, True
         ),
         Attr("soft_cap", float, "logits -> soft_cap * tanh(logits / soft_cap)", None, 0.0, True),
-        Attr("k_scale", float, "key dequantisation scale: logits * k_scale", None, 1.0, True),
-        Attr("v_scale", float, "value dequantisation scale: out * v_scale", None, 1.0, True),
+        Attr(
+            "k_scale",
+            float,
+            "key dequantisation scale: logits * k_scale; a float32 tensor [], [1] or [Hkv] is "
+            "read at run time (k_scales)",
+            None,
+            1.0,
+            True,
+            "k_scales",
+        ),
+        Attr(
+            "v_scale",
+            float,
+            "value dequantisation scale: out * v_scale; or a tensor, as k_scale (v_scales)",
+            None,
+            1.0,
+            True,
+            "v_scales",
+        ),
     ),
     results=("out", "lse", "workspace"),
     result_like=("query", Like("query", 2, "float32")),
@@ -625,7 +698,11 @@ def _kv_cache_update_sample(zeros: bool) -> dict[str, np.ndarray]:
         new_kv[...] = rng.standard_normal(new_kv.shape, np.float32)
         kv_cache[...] = rng.standard_normal(kv_cache.shape, np.float32)
         slot_mapping[...] = [3, 17, -1, 8, 31, 0]
-    return dict(zip(KV_CACHE_UPDATE.operand_names, arrays, strict=True))
+    absent = [np.zeros((0,), np.float32) for _ in range(2)]  # k_scales, v_scales: [0], none
+    sample = dict(zip(KV_CACHE_UPDATE.operand_names, arrays + absent, strict=True))
+    if not zeros:
+        sample.update(_scales_sample(np.random.default_rng(1), combined_heads // 2))
+    return sample
 
 
 KV_CACHE_UPDATE = Op(
@@ -640,10 +717,28 @@ KV_CACHE_UPDATE = Op(
             values_checked=True,
         ),
         Operand("kv_cache", 4, "new_kv's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+        K_SCALES,
+        V_SCALES,
     ),
     attrs=(
-        Attr("k_scale", float, "stored K = new K / k_scale", None, 1.0, True),
-        Attr("v_scale", float, "stored V = new V / v_scale", None, 1.0, True),
+        Attr(
+            "k_scale",
+            float,
+            "stored K = new K / k_scale; or a float32 tensor [], [1] or [Hkv] (k_scales)",
+            None,
+            1.0,
+            True,
+            "k_scales",
+        ),
+        Attr(
+            "v_scale",
+            float,
+            "stored V = new V / v_scale; or a tensor, as k_scale (v_scales)",
+            None,
+            1.0,
+            True,
+            "v_scales",
+        ),
     ),
     results=("kv_cache",),
     result_like=(),
@@ -676,6 +771,8 @@ KV_CACHE_STORE = Op(
         Operand("value", 3, "key's", _KV_ROWS + ": their V rows"),
         KV_CACHE_UPDATE.operands[1],
         Operand("kv_cache", 4, "key's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+        K_SCALES,
+        V_SCALES,
     ),
     attrs=KV_CACHE_UPDATE.attrs,
     results=("kv_cache",),

@@ -47,6 +47,8 @@ def paged_attention(
     v_scale: float | None = None,
     *,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +57,8 @@ def paged_attention(
     sink included, natural log; -inf on rows at or past query_start_loc[num_seqs].
 
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
-    scales apply as logits * k_scale and out * v_scale. sinks [Hq] (None or empty: none): head h's
+    scales apply as logits * k_scale and out * v_scale; k_scales / v_scales [Hkv] or [1] (None or
+    empty: none) multiply them per KV head. sinks [Hq] (None or empty: none): head h's
     sink is one more logit in each of its rows, after scale, soft cap and mask, that joins the
     softmax and is dropped after it (gpt-oss's attention sinks). Rows at or past
     query_start_loc[num_seqs] are zero. Metadata must already be valid (the library's
@@ -65,6 +68,8 @@ def paged_attention(
     page_size = kv_cache.shape[1]
     num_kv_heads = kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads
+    k_per_head = per_q_head(k_scales, k_scale, num_kv_heads, group, compute_dtype, query.device)
+    v_per_head = per_q_head(v_scales, v_scale, num_kv_heads, group, compute_dtype, query.device)
     out = torch.zeros(query.shape, dtype=compute_dtype, device=query.device)
     lse = torch.full(query.shape[:2], -torch.inf, dtype=compute_dtype, device=query.device)
     starts = query_start_loc.tolist()
@@ -81,7 +86,7 @@ def paged_attention(
         k = kv[:, 0::2].repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
         v = kv[:, 1::2].repeat_interleave(group, dim=1)
         q = query[q_start:q_end].to(compute_dtype)
-        logits = torch.einsum("qhd,khd->hqk", q, k) * scale * (k_scale or 1.0)
+        logits = torch.einsum("qhd,khd->hqk", q, k) * scale * k_per_head[:, None, None]
         if soft_cap is not None:
             logits = soft_cap * torch.tanh(logits / soft_cap)
         q_pos = torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None]
@@ -97,12 +102,28 @@ def paged_attention(
         else:
             probs = torch.softmax(logits, dim=-1)
         attended = torch.einsum("hqk,khd->qhd", probs, v)
-        out[q_start:q_end] = attended * (v_scale or 1.0)
+        out[q_start:q_end] = attended * v_per_head[:, None]
         lse[q_start:q_end] = torch.logsumexp(logits, dim=-1).T
     return (out.to(query.dtype), lse.float()) if return_lse else out.to(query.dtype)
 
 
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def per_kv_head(
+    scales: torch.Tensor | None, scale: float | None, num_kv_heads: int, dtype, device
+) -> torch.Tensor:
+    """[Hkv]: the scale attribute (None: 1) times the scales tensor ([Hkv] or [1]; None or empty:
+    1) of each KV head."""
+    out = torch.full((num_kv_heads,), scale or 1.0, dtype=dtype, device=device)
+    if scales is not None and scales.numel():
+        out = out * scales.to(device=device, dtype=dtype).expand(num_kv_heads)
+    return out
+
+
+def per_q_head(scales, scale, num_kv_heads: int, group: int, dtype, device) -> torch.Tensor:
+    """[Hq]: per_kv_head's scale of each query head's KV head."""
+    return per_kv_head(scales, scale, num_kv_heads, dtype, device).repeat_interleave(group)
 
 
 def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -118,16 +139,22 @@ def kv_cache_update(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    *,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     """Writes row n of new_kv [N, 2*Hkv, D] to slot slot_mapping[n] of kv_cache, in place (page
     slot // page_size, row slot % page_size); negative slots are skipped. K heads (even) are
-    stored divided by k_scale, V heads (odd) by v_scale, rounded to the cache dtype; an fp8 cache
-    saturates at +-448. Slots must be < num_pages * page_size (the library's check_host_values).
+    stored divided by k_scale, V heads (odd) by v_scale (times k_scales / v_scales [Hkv] or [1]
+    per KV head), rounded to the cache dtype; an fp8 cache saturates at +-448. Slots must be
+    < num_pages * page_size (the library's check_host_values).
     """
     rows = kv_cache.view(-1, *kv_cache.shape[2:])
-    scales = torch.ones(new_kv.shape[1], dtype=torch.float32)
-    scales[0::2], scales[1::2] = k_scale or 1.0, v_scale or 1.0
-    scaled = new_kv.float() / scales.to(new_kv.device)[None, :, None]
+    num_kv_heads = new_kv.shape[1] // 2
+    scales = torch.empty(new_kv.shape[1], dtype=torch.float32, device=new_kv.device)
+    scales[0::2] = per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, new_kv.device)
+    scales[1::2] = per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, new_kv.device)
+    scaled = new_kv.float() / scales[None, :, None]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
     keep = slot_mapping >= 0
@@ -144,9 +171,20 @@ def kv_cache_store(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    *,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads)."""
-    kv_cache_update(interleave_kv(key, value), slot_mapping, kv_cache, k_scale, v_scale)
+    kv_cache_update(
+        interleave_kv(key, value),
+        slot_mapping,
+        kv_cache,
+        k_scale,
+        v_scale,
+        k_scales=k_scales,
+        v_scales=v_scales,
+    )
 
 
 def interleave_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -266,6 +266,9 @@ def kv_cache_update_composite(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    *,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The updated cache (a new tensor) as one scatter with static shapes: no host sync, no
     data-dependent shape. An fp8 cache on an XLA device needs torch_xla >= 2.9: 2.7's XLA rounds
@@ -290,8 +293,10 @@ def kv_cache_update_composite(
         )
     if slot_mapping.shape[0] == 0:  # an empty batch (a static shape): nothing to write
         return kv_cache.clone()
-    head = torch.arange(new_kv.shape[1], device=new_kv.device)
-    scales = torch.where(head % 2 == 0, k_scale or 1.0, v_scale or 1.0).to(torch.float32)
+    num_kv_heads, device = new_kv.shape[1] // 2, new_kv.device
+    k = reference.per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)
+    v = reference.per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, device)
+    scales = torch.stack([k, v], dim=1).reshape(-1)  # K, V of head 0, then of head 1, ...
     scaled = new_kv.float() / scales[None, :, None]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scaled = scaled.clamp(-reference.FP8_MAX, reference.FP8_MAX)
@@ -314,10 +319,15 @@ def kv_cache_store_composite(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    *,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """kv_cache_update's composite on the interleaved rows (one fused gather under XLA)."""
     new_kv = reference.interleave_kv(key, value)
-    return kv_cache_update_composite(new_kv, slot_mapping, kv_cache, k_scale, v_scale)
+    return kv_cache_update_composite(
+        new_kv, slot_mapping, kv_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
+    )
 
 
 def paged_attention_composite(
@@ -334,6 +344,8 @@ def paged_attention_composite(
     v_scale: float | None = None,
     *,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """paged_attention (out, and lse with return_lse) as plain tensor ops with static shapes (one
@@ -373,7 +385,9 @@ def paged_attention_composite(
     values = kv[:, :, 1::2].float()
 
     q = query.float().reshape(num_tokens, num_kv_heads, group, head_dim)
-    logits = torch.einsum("tkgd,tlkd->tkgl", q, keys) * (scale * (k_scale or 1.0))
+    k_per_head = reference.per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)
+    v_per_head = reference.per_q_head(v_scales, v_scale, num_kv_heads, group, torch.float32, device)
+    logits = torch.einsum("tkgd,tlkd->tkgl", q, keys) * (scale * k_per_head[:, None, None])
     if soft_cap is not None:
         logits = soft_cap * torch.tanh(logits / soft_cap)
     key_pos = torch.arange(max_kv_len, device=device, dtype=torch.int32)[None, :]
@@ -392,7 +406,7 @@ def paged_attention_composite(
     else:
         probs = torch.softmax(logits, dim=-1)
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values).reshape(num_tokens, num_q_heads, head_dim)
-    out = out * (v_scale or 1.0)
+    out = out * v_per_head[:, None]
     out = torch.where(valid_token[:, None, None], out, torch.zeros((), device=device))
     lse = torch.logsumexp(logits, dim=-1).reshape(num_tokens, num_q_heads)
     lse = torch.where(valid_token[:, None], lse, torch.full((), -torch.inf, device=device))

@@ -43,7 +43,7 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         # Ops that write an operand in place get torchax tensors (not jax arrays) and store the
         # aliased result into the operand, as torchax's own copy_ does.
         tensors, attrs = op.bind(args, kwargs)
-        outs = _jax_ffi.call(op, [t.jax() for t in tensors], attrs)
+        outs = _jax_ffi.call(op, [None if t is None else t.jax() for t in tensors], attrs)
         outs = outs if isinstance(outs, tuple) else (outs,)
         for result, operand in op.aliases.items():
             store(tensors[operand], outs[result])

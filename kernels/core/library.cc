@@ -75,6 +75,23 @@ int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
               DtypeText(shape.dtype).c_str(), other_name, DtypeText(other.dtype).c_str());
 }
 
+int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,
+                    int64_t num_kv_heads) {
+  if (scales.rank != 1 || scales.dtype != XGO_F32) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "%s: %s: a tensor must be float32 of shape [], [1] or [num_kv_heads = %lld], got "
+                "%s %s",
+                op, attribute, static_cast<long long>(num_kv_heads),
+                DtypeText(scales.dtype).c_str(), scales.Text().c_str());
+  }
+  const int64_t n = scales.dims[0];
+  if (n == 0 || n == 1 || n == num_kv_heads) return XGO_OK;
+  return Fail(XGO_INVALID_ARGUMENT,
+              "%s: %s: a tensor must have 1 or num_kv_heads = %lld entries (one per KV head), "
+              "got shape %s",
+              op, attribute, static_cast<long long>(num_kv_heads), scales.Text().c_str());
+}
+
 }  // namespace xgo
 
 extern "C" {

@@ -90,6 +90,10 @@ int32_t CheckDtype(const char* op, const char* argument, const Shape& shape, Set
 }
 int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
                        const char* other_name, const Shape& other);
+// A dequantisation-scale tensor (k_scales, v_scales): rank 1, float32, 0 entries (none), 1 (one
+// for every KV head) or num_kv_heads. Errors name `attribute`, how callers give it (k_scale).
+int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,
+                    int64_t num_kv_heads);
 
 // Adds an op to the library's table (XGO_DEFINE_OP, while the library loads); false when the
 // table is full (the package then reports the op as missing).

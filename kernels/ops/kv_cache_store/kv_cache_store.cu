@@ -20,16 +20,17 @@
 #include "core/host_types.h"
 #include "core/op.h"
 #include "core/op_binding.h"
+#include "core/scales.h"
 #include "core/status.h"
 
 namespace xgo {
 
 struct KvCacheStore {
   static constexpr const char* kName = "kv_cache_store";
-  enum { kKey, kValue, kSlotMapping, kKvCache };
-  static constexpr std::array<const char*, 4> kOperandNames = {"key", "value", "slot_mapping",
-                                                               "kv_cache"};
-  enum { kResult = 4 };  // the updated cache, aliased to kv_cache
+  enum { kKey, kValue, kSlotMapping, kKvCache, kKScales, kVScales };
+  static constexpr std::array<const char*, 6> kOperandNames = {
+      "key", "value", "slot_mapping", "kv_cache", "k_scales", "v_scales"};
+  enum { kResult = 6 };  // the updated cache, aliased to kv_cache
   static constexpr std::array<const char*, 1> kResultNames = {"kv_cache"};
   struct Attrs {
     float k_scale;
@@ -50,6 +51,12 @@ struct KvCacheStore {
     int64_t num_slots;  // num_pages * page_size
     float k_scale;
     float v_scale;
+    int64_t k_scales_len, v_scales_len;  // k_scales / v_scales entries: 0 (none), 1 or Hkv
+
+    KvScales Scales(void* const* buffers) const {
+      return MakeKvScales(k_scale, v_scale, k_scales_len, v_scales_len, buffers[kKScales],
+                          buffers[kVScales]);
+    }
   };
 
   static int32_t Describe(const OpCall<KvCacheStore>& call, Config* config, XgoResults* results);
@@ -69,6 +76,8 @@ int32_t KvCacheStore::Describe(const OpCall<KvCacheStore>& call, Config* config,
   XGO_RETURN_IF_FAILED(CheckRank(kName, "value", value, 3));
   XGO_RETURN_IF_FAILED(CheckRank(kName, "slot_mapping", slots, 1));
   XGO_RETURN_IF_FAILED(CheckRank(kName, "kv_cache", cache, 4));
+  XGO_RETURN_IF_FAILED(CheckRank(kName, "k_scales", call.operands[kKScales], 1));
+  XGO_RETURN_IF_FAILED(CheckRank(kName, "v_scales", call.operands[kVScales], 1));
   XGO_RETURN_IF_FAILED(CheckDtype(kName, "key", key, ComputeDtypes{}));
   XGO_RETURN_IF_FAILED(CheckSameDtype(kName, "value", value, "key", key));
   XGO_RETURN_IF_FAILED(CheckDtype(kName, "slot_mapping", slots, DtypeSet<XGO_S32, XGO_S64>{}));
@@ -112,8 +121,19 @@ int32_t KvCacheStore::Describe(const OpCall<KvCacheStore>& call, Config* config,
     return Fail(XGO_INVALID_ARGUMENT, "kv_cache_store: kv_cache: shape %s is too large",
                 cache.Text().c_str());
   }
-  *config = Config{key.dtype,   cache.dtype, slots.dtype,        key.dims[0],       key.dims[1],
-                   key.dims[2], num_slots,   call.attrs.k_scale, call.attrs.v_scale};
+  XGO_RETURN_IF_FAILED(CheckScales(kName, "k_scale", call.operands[kKScales], key.dims[1]));
+  XGO_RETURN_IF_FAILED(CheckScales(kName, "v_scale", call.operands[kVScales], key.dims[1]));
+  *config = Config{key.dtype,
+                   cache.dtype,
+                   slots.dtype,
+                   key.dims[0],
+                   key.dims[1],
+                   key.dims[2],
+                   num_slots,
+                   call.attrs.k_scale,
+                   call.attrs.v_scale,
+                   call.operands[kKScales].dims[0],
+                   call.operands[kVScales].dims[0]};
   results->results[0] = ToXgoShape(cache);
   return XGO_OK;
 }
@@ -155,7 +175,7 @@ template <typename In, typename Out, typename Slot>
 __global__ void __launch_bounds__(kStoreThreads)
     KvCacheStoreKernel(const In* __restrict__ key, const In* __restrict__ value,
                        const Slot* __restrict__ slots, Out* __restrict__ cache, int64_t num_tokens,
-                       int64_t num_slots, int kv_row, int head_dim, float k_scale, float v_scale) {
+                       int64_t num_slots, int kv_row, int head_dim, KvScales scales) {
   for (int64_t n = blockIdx.x; n < num_tokens; n += gridDim.x) {
     const int64_t slot = static_cast<int64_t>(slots[n]);
     if (slot < 0 || slot >= num_slots) continue;  // padding; past the cache: guarded, not written
@@ -163,15 +183,17 @@ __global__ void __launch_bounds__(kStoreThreads)
     for (int e = threadIdx.x; e < 2 * kv_row; e += blockDim.x) {
       const int head = e / head_dim, d = e % head_dim;
       const int64_t at = n * kv_row + (head / 2) * head_dim + d;
-      target[e] = head % 2 == 0 ? FromFloat<Out>(ToFloat(key[at]) / k_scale)
-                                : FromFloat<Out>(ToFloat(value[at]) / v_scale);
+      const float scale = scales.OfCombinedHead(head);
+      target[e] = FromFloat<Out>(ToFloat(head % 2 == 0 ? key[at] : value[at]) / scale);
     }
   }
 }
 
 int32_t KvCacheStore::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
   for (int i = 0; i <= kResult; ++i) {
-    if (buffers[i] == nullptr && (i >= kKvCache || c.num_tokens > 0)) {
+    const bool absent = (i == kKScales && c.k_scales_len == 0) ||
+                        (i == kVScales && c.v_scales_len == 0);  // [0]: any pointer
+    if (buffers[i] == nullptr && !absent && (i >= kKvCache || c.num_tokens > 0)) {
       return Fail(XGO_INVALID_ARGUMENT, "kv_cache_store: %s: pointer is NULL",
                   i < kResult ? kOperandNames[i] : kResultNames[0]);
     }
@@ -193,7 +215,7 @@ int32_t KvCacheStore::Launch(const Config& c, void* const* buffers, cudaStream_t
           static_cast<const In*>(buffers[kKey]), static_cast<const In*>(buffers[kValue]),
           static_cast<const Slot*>(buffers[kSlotMapping]), static_cast<Out*>(buffers[kResult]),
           c.num_tokens, c.num_slots, static_cast<int>(kv_row), static_cast<int>(c.head_dim),
-          c.k_scale, c.v_scale);
+          c.Scales(buffers));
       XGO_CUDA_CHECK(cudaGetLastError());
       return int32_t{XGO_OK};
     };
@@ -221,15 +243,17 @@ int32_t KvCacheStore::RunHost(const Config& c, void* const* buffers) {
       const auto* key = static_cast<const typename In::Storage*>(buffers[kKey]);
       const auto* value = static_cast<const typename In::Storage*>(buffers[kValue]);
       auto* cache = static_cast<typename Out::Storage*>(buffers[kResult]);
+      const KvScales scales = c.Scales(buffers);
       for (int64_t n = 0; n < c.num_tokens; ++n) {
         const int64_t slot = SlotOf(c, buffers[kSlotMapping], n);
         if (slot < 0) continue;  // padding
         for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+          const float k_scale = scales.K(h), v_scale = scales.V(h);
           for (int64_t d = 0; d < c.head_dim; ++d) {
             const int64_t at = n * kv_row + h * c.head_dim + d;
             const int64_t row = slot * 2 * kv_row + 2 * h * c.head_dim + d;
-            cache[row] = Out::Store(In::Load(key[at]) / c.k_scale);
-            cache[row + c.head_dim] = Out::Store(In::Load(value[at]) / c.v_scale);
+            cache[row] = Out::Store(In::Load(key[at]) / k_scale);
+            cache[row + c.head_dim] = Out::Store(In::Load(value[at]) / v_scale);
           }
         }
       }

@@ -8,10 +8,12 @@
 //                 a negative slot is padding (skipped)
 //   kv_cache      [num_pages, page_size, 2 * num_kv_heads, head_dim]   new_kv's dtype or
 //                 float8_e4m3fn (stores round to nearest even, saturating to +-448)
-//   result        kv_cache, updated: the same buffer as the operand where the runtime aliases
+//   k_scales      float32 [num_kv_heads] or [1], or [0]: key scales (times k_scale), read at run
+//   time v_scales      float32, as k_scales: value scales (times v_scale) result        kv_cache,
+//   updated: the same buffer as the operand where the runtime aliases
 //                 them (JAX, eager torch); otherwise the operand is copied first
 // Attributes: k_scale, v_scale (f32, > 0): stored K is new K / k_scale, V is new V / v_scale (the
-// dequantisation scales paged_attention applies).
+// dequantisation scales paged_attention applies), each times its tensor's entry for the KV head.
 // Slots at or past num_pages * page_size: the GPU skips them (never an out-of-bounds write);
 // CheckHostValues and the host handler reject them, naming the token.
 #ifndef XLA_GPU_OPS_KV_CACHE_UPDATE_H_
@@ -38,6 +40,7 @@ struct KvCacheUpdateConfig {
   int64_t page_size;
   float k_scale;
   float v_scale;
+  int64_t k_scales_len, v_scales_len;  // entries of k_scales / v_scales: 0 (none), 1 or Hkv
 
   int64_t row_elems() const { return combined_heads * head_dim; }
   int64_t num_slots() const { return num_pages * page_size; }
@@ -45,10 +48,10 @@ struct KvCacheUpdateConfig {
 
 struct KvCacheUpdate {
   static constexpr const char* kName = "kv_cache_update";
-  enum { kNewKv, kSlotMapping, kKvCache };
-  static constexpr std::array<const char*, 3> kOperandNames = {"new_kv", "slot_mapping",
-                                                               "kv_cache"};
-  enum { kResult = 3 };  // buffer index: the updated cache follows the operands
+  enum { kNewKv, kSlotMapping, kKvCache, kKScales, kVScales };
+  static constexpr std::array<const char*, 5> kOperandNames = {"new_kv", "slot_mapping", "kv_cache",
+                                                               "k_scales", "v_scales"};
+  enum { kResult = 5 };  // buffer index: the updated cache follows the operands
   static constexpr std::array<const char*, 1> kResultNames = {"kv_cache"};
   struct Attrs {
     float k_scale;

@@ -12,6 +12,7 @@
 #include "core/cuda_check.cuh"
 #include "core/device_utils.cuh"
 #include "core/dtypes.cuh"
+#include "core/scales.h"
 #include "core/status.h"
 #include "ops/kv_cache_update/kv_cache_update.h"
 
@@ -26,14 +27,14 @@ template <typename In, typename Out, typename Slot>
 __global__ void __launch_bounds__(kThreads)
     KvCacheUpdateKernel(const In* __restrict__ rows, const Slot* __restrict__ slots,
                         Out* __restrict__ cache, int64_t num_tokens, int64_t num_slots,
-                        int row_elems, int head_dim, float k_scale, float v_scale) {
+                        int row_elems, int head_dim, KvScales scales) {
   for (int64_t n = blockIdx.x; n < num_tokens; n += gridDim.x) {
     const int64_t slot = static_cast<int64_t>(slots[n]);
     if (slot < 0 || slot >= num_slots) continue;
     const In* source = rows + n * row_elems;
     Out* target = cache + slot * row_elems;
     for (int e = threadIdx.x; e < row_elems; e += blockDim.x) {
-      const float scale = (e / head_dim) % 2 == 0 ? k_scale : v_scale;
+      const float scale = scales.OfCombinedHead(e / head_dim);
       target[e] = FromFloat<Out>(ToFloat(source[e]) / scale);
     }
   }
@@ -46,7 +47,9 @@ int32_t LaunchScatter(const KvCacheUpdateConfig& c, void* const* buffers, cudaSt
       static_cast<const In*>(buffers[KvCacheUpdate::kNewKv]),
       static_cast<const Slot*>(buffers[KvCacheUpdate::kSlotMapping]),
       static_cast<Out*>(buffers[KvCacheUpdate::kResult]), c.num_tokens, c.num_slots(),
-      static_cast<int>(c.row_elems()), static_cast<int>(c.head_dim), c.k_scale, c.v_scale);
+      static_cast<int>(c.row_elems()), static_cast<int>(c.head_dim),
+      MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len,
+                   buffers[KvCacheUpdate::kKScales], buffers[KvCacheUpdate::kVScales]));
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }
@@ -55,7 +58,9 @@ int32_t LaunchScatter(const KvCacheUpdateConfig& c, void* const* buffers, cudaSt
 
 int32_t KvCacheUpdate::Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
   for (int i = 0; i <= kResult; ++i) {
-    if (buffers[i] == nullptr && (i == kKvCache || i == kResult || c.num_tokens > 0)) {
+    const bool absent = (i == kKScales && c.k_scales_len == 0) ||
+                        (i == kVScales && c.v_scales_len == 0);  // [0]: any pointer
+    if (buffers[i] == nullptr && !absent && (i == kKvCache || i == kResult || c.num_tokens > 0)) {
       return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: %s: pointer is NULL",
                   i < kResult ? kOperandNames[i] : kResultNames[0]);
     }

@@ -5,6 +5,7 @@
 
 #include "core/host_types.h"
 #include "core/op_binding.h"
+#include "core/scales.h"
 #include "ops/kv_cache_update/kv_cache_update.h"
 
 namespace xgo {
@@ -27,6 +28,8 @@ int32_t KvCacheUpdate::Describe(const OpCall<KvCacheUpdate>& call, Config* confi
   XGO_RETURN_IF_FAILED(CheckRank(kOp, "new_kv", new_kv, 3));
   XGO_RETURN_IF_FAILED(CheckRank(kOp, "slot_mapping", slots, 1));
   XGO_RETURN_IF_FAILED(CheckRank(kOp, "kv_cache", cache, 4));
+  XGO_RETURN_IF_FAILED(CheckRank(kOp, "k_scales", call.operands[kKScales], 1));
+  XGO_RETURN_IF_FAILED(CheckRank(kOp, "v_scales", call.operands[kVScales], 1));
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "new_kv", new_kv, ComputeDtypes{}));
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "slot_mapping", slots, DtypeSet<XGO_S32, XGO_S64>{}));
   if (cache.dtype != new_kv.dtype && cache.dtype != XGO_F8E4M3FN) {
@@ -78,9 +81,22 @@ int32_t KvCacheUpdate::Describe(const OpCall<KvCacheUpdate>& call, Config* confi
     return Fail(XGO_INVALID_ARGUMENT, "kv_cache_update: kv_cache: shape %s is too large",
                 cache.Text().c_str());
   }
+  const int64_t num_kv_heads = cache.dims[2] / 2;
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "k_scale", call.operands[kKScales], num_kv_heads));
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "v_scale", call.operands[kVScales], num_kv_heads));
   Config& c = *config;
-  c = Config{new_kv.dtype,  cache.dtype,   slots.dtype,   new_kv.dims[0],     cache.dims[2],
-             cache.dims[3], cache.dims[0], cache.dims[1], call.attrs.k_scale, call.attrs.v_scale};
+  c = Config{new_kv.dtype,
+             cache.dtype,
+             slots.dtype,
+             new_kv.dims[0],
+             cache.dims[2],
+             cache.dims[3],
+             cache.dims[0],
+             cache.dims[1],
+             call.attrs.k_scale,
+             call.attrs.v_scale,
+             call.operands[kKScales].dims[0],
+             call.operands[kVScales].dims[0]};
   results->results[0] = ToXgoShape(cache);
   return XGO_OK;
 }
@@ -116,11 +132,13 @@ int32_t KvCacheUpdate::RunHost(const Config& c, void* const* buffers) {
       using Out = decltype(cache_type);
       const auto* rows = static_cast<const typename In::Storage*>(buffers[kNewKv]);
       auto* cache = static_cast<typename Out::Storage*>(buffers[kResult]);
+      const KvScales scales = MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len,
+                                           buffers[kKScales], buffers[kVScales]);
       for (int64_t n = 0; n < c.num_tokens; ++n) {
         const int64_t slot = SlotAt(c, buffers[kSlotMapping], n);
         if (slot < 0) continue;  // padding
         for (int64_t h = 0; h < c.combined_heads; ++h) {
-          const float scale = h % 2 == 0 ? c.k_scale : c.v_scale;
+          const float scale = scales.OfCombinedHead(h);
           for (int64_t d = 0; d < c.head_dim; ++d) {
             const int64_t at = h * c.head_dim + d;
             cache[slot * c.row_elems() + at] =

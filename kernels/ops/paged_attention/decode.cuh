@@ -402,7 +402,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
         for (int nt = 0; nt < kScoreTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[nt][e] = Scaled2(p, s[nt][e]);
+            s[nt][e] = Scaled2(p, w.scale, s[nt][e]);
             tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
           }
         }
@@ -412,7 +412,7 @@ __device__ __forceinline__ void MmaTileBlock(const PagedAttentionParams& p, cons
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int h = e >> 1;
-            s[nt][e] = Logit2(p, s[nt][e], key0 + nt * 8 + (e & 1), row_pos[h], row_ok[h]);
+            s[nt][e] = Logit2(p, w.scale, s[nt][e], key0 + nt * 8 + (e & 1), row_pos[h], row_ok[h]);
             tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
           }
         }

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
     float tile_max[1] = {-INFINITY};
 #pragma unroll
     for (int i = 0; i < kKeysPerThread; ++i) {
-      s[i] = Logit2(p, s[i], key0 + 8 * i, row_pos, row_ok);
+      s[i] = Logit2(p, w.scale, s[i], key0 + 8 * i, row_pos, row_ok);
       tile_max[0] = fmaxf(tile_max[0], s[i]);
     }
     softmax.Fold(tile_max);

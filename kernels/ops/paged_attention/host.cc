@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/host_types.h"
+#include "core/scales.h"
 #include "ops/paged_attention/paged_attention.h"
 
 namespace xgo {
@@ -83,7 +84,7 @@ template <typename T, typename KV>
 int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                        const int32_t* context_lens, const int32_t* block_tables,
                        const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                       void* out, float* lse) {
+                       const float* k_scales, const float* v_scales, void* out, float* lse) {
   using S = typename T::Storage;
   using KS = typename KV::Storage;
   const S* q_data = static_cast<const S*>(query);
@@ -93,6 +94,8 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   const int64_t group = c.num_q_heads / c.num_kv_heads;
   const int64_t combined_heads = 2 * c.num_kv_heads;
   const bool capped = c.soft_cap > 0.0f;
+  const KvScales scales =
+      MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len, k_scales, v_scales);
 
   // Every row no sequence writes (padding, and any before query_start_loc[0]) is zero.
   for (int64_t i = 0; i < c.num_tokens * c.num_q_heads * D; ++i) out_data[i] = T::Store(0.0f);
@@ -110,6 +113,8 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
     values.resize(kv_len * D);
     probs.resize(kv_len);
     for (int64_t kv_head = 0; kv_head < c.num_kv_heads; ++kv_head) {
+      const double k_scale = scales.K(kv_head);
+      const double v_scale = scales.V(kv_head);
       // Gather this sequence's K and V rows for one kv head from its pages, as float.
       for (int64_t pos = 0; pos < kv_len; ++pos) {
         const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
@@ -135,7 +140,7 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
             float dot = 0.0f;
             const float* k = &keys[pos * D];
             for (int64_t d = 0; d < D; ++d) dot += q_row[d] * k[d];
-            double logit = static_cast<double>(dot) * c.scale * c.k_scale;
+            double logit = static_cast<double>(dot) * c.scale * k_scale;
             if (capped) logit = c.soft_cap * std::tanh(logit / c.soft_cap);
             probs[pos] = logit;
             if (logit > max_logit) max_logit = logit;
@@ -154,7 +159,7 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
             for (int64_t d = 0; d < D; ++d) acc[d] += weight * v[d];
           }
           S* o = out_data + ((q_start + r) * c.num_q_heads + h) * D;
-          for (int64_t d = 0; d < D; ++d) o[d] = T::Store(static_cast<float>(acc[d] * c.v_scale));
+          for (int64_t d = 0; d < D; ++d) o[d] = T::Store(static_cast<float>(acc[d] * v_scale));
           if (denominator > 0.0) {
             lse[(q_start + r) * c.num_q_heads + h] =
                 static_cast<float>(max_logit + std::log(denominator));
@@ -170,17 +175,18 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
 int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                   const int32_t* context_lens, const int32_t* block_tables,
                   const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                  void* out, float* lse) {
+                  const float* k_scales, const float* v_scales, void* out, float* lse) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(
       ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
         using T = typename decltype(type)::Type;
         if (c.kv_dtype == XGO_F8E4M3FN) {
           return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
-                                                   query_start_loc, num_seqs, sinks, out, lse);
+                                                   query_start_loc, num_seqs, sinks, k_scales,
+                                                   v_scales, out, lse);
         }
         return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
-                                    num_seqs, sinks, out, lse);
+                                    num_seqs, sinks, k_scales, v_scales, out, lse);
       });
 }
 
@@ -199,13 +205,14 @@ int32_t PagedAttention::CheckHostValues(const Config& c, const void* const* oper
 }
 
 int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
-  return Attention(c, buffers[kQuery], buffers[kKvCache],
-                   static_cast<const int32_t*>(buffers[kContextLens]),
-                   static_cast<const int32_t*>(buffers[kBlockTables]),
-                   static_cast<const int32_t*>(buffers[kQueryStartLoc]),
-                   static_cast<const int32_t*>(buffers[kNumSeqs]),
-                   c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
-                   buffers[kOut], static_cast<float*>(buffers[kLse]));
+  return Attention(
+      c, buffers[kQuery], buffers[kKvCache], static_cast<const int32_t*>(buffers[kContextLens]),
+      static_cast<const int32_t*>(buffers[kBlockTables]),
+      static_cast<const int32_t*>(buffers[kQueryStartLoc]),
+      static_cast<const int32_t*>(buffers[kNumSeqs]),
+      c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
+      static_cast<const float*>(buffers[kKScales]), static_cast<const float*>(buffers[kVScales]),
+      buffers[kOut], static_cast<float*>(buffers[kLse]));
 }
 
 }  // namespace xgo

@@ -249,19 +249,30 @@ int32_t LaunchAll(const PagedAttentionPlan& plan, PagedAttentionParams params,
   return XGO_OK;
 }
 
-// out *= v_scale (the value dequantisation scale), rounded once more to the output dtype.
+// out *= v_scale (the value dequantisation scale) times v_scales' entry for the row's KV head
+// (v_scales null: none; stride 0: one entry), rounded once more to the output dtype.
 template <typename T>
-__global__ void __launch_bounds__(256) ScaleRowsKernel(T* out, int64_t n, float v_scale) {
+__global__ void __launch_bounds__(256)
+    ScaleRowsKernel(T* out, int64_t n, float v_scale, const float* v_scales, int stride,
+                    int head_dim, int num_q_heads, int group_size) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = static_cast<T>(static_cast<float>(out[i]) * v_scale);
+    float scale = v_scale;
+    if (v_scales != nullptr) {
+      const int head = static_cast<int>((i / head_dim) % num_q_heads);
+      scale *= v_scales[(head / group_size) * stride];
+    }
+    out[i] = static_cast<T>(static_cast<float>(out[i]) * scale);
   }
 }
 
 template <typename T>
-int32_t ScaleRows(void* out, int64_t n, float v_scale, cudaStream_t stream) {
+int32_t ScaleRows(const PagedAttentionParams& p, float v_scale, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(p.num_tokens) * p.num_q_heads * p.head_dim;
   const int blocks = static_cast<int>(std::min<int64_t>(4096, (n + 255) / 256));
-  ScaleRowsKernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(out), n, v_scale);
+  ScaleRowsKernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(p.out), n, v_scale, p.v_scales,
+                                                 p.v_scale_stride, p.head_dim, p.num_q_heads,
+                                                 p.group_size);
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }
@@ -306,6 +317,10 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.out = buffers[kOut];
   params.lse = static_cast<float*>(buffers[kLse]);
   params.sinks = c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr;
+  params.k_scales = c.k_scales_len > 0 ? static_cast<const float*>(buffers[kKScales]) : nullptr;
+  params.k_scale_stride = c.k_scales_len > 1 ? 1 : 0;
+  params.v_scales = c.v_scales_len > 0 ? static_cast<const float*>(buffers[kVScales]) : nullptr;
+  params.v_scale_stride = c.v_scales_len > 1 ? 1 : 0;
   params.flags = reinterpret_cast<int32_t*>(workspace);
   params.partial_state = reinterpret_cast<PartState*>(workspace + plan.state_offset);
   params.partial_out = workspace + plan.out_offset;
@@ -344,9 +359,8 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
     } else {
       XGO_RETURN_IF_FAILED((LaunchAll<T, T>(plan, params, stream)));
     }
-    if (c.v_scale == 1.0f) return int32_t{XGO_OK};
-    return ScaleRows<T>(buffers[kOut], c.num_tokens * c.num_q_heads * c.head_dim, c.v_scale,
-                        stream);
+    if (c.v_scale == 1.0f && params.v_scales == nullptr) return int32_t{XGO_OK};
+    return ScaleRows<T>(params, c.v_scale, stream);
   });
 }
 

@@ -52,7 +52,7 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   const Shape& query_start_loc = call.operands[kQueryStartLoc];
   const Shape& num_seqs = call.operands[kNumSeqs];
   const Shape& sinks = call.operands[kSinks];
-  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1};
+  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1, 1, 1};
   for (int i = 0; i < static_cast<int>(kOperandNames.size()); ++i) {
     XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
   }
@@ -115,6 +115,10 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.k_scale = call.attrs.k_scale;
   c.v_scale = call.attrs.v_scale;
   c.has_sinks = sinks.dims[0] > 0;
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "k_scale", call.operands[kKScales], c.num_kv_heads));
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "v_scale", call.operands[kVScales], c.num_kv_heads));
+  c.k_scales_len = call.operands[kKScales].dims[0];
+  c.v_scales_len = call.operands[kVScales].dims[0];
 
   // num_tokens may be 0 (an empty batch launches nothing); every other dim must be positive.
   if (c.num_tokens < 0) return Invalid("query", "num_tokens must be >= 0", c.num_tokens);

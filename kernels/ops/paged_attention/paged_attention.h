@@ -11,6 +11,9 @@
 //   num_seqs        int32 [1]
 //   sinks           float32 [num_q_heads], or [0] for none: one logit per query head that joins
 //                   the softmax's denominator and adds no value (gpt-oss; docs/DESIGN.md)
+//   k_scales        float32 [num_kv_heads] or [1], or [0] for none: key scales read at run time,
+//                   times k_scale (a tensor k_scale in the front ends)
+//   v_scales        float32 [num_kv_heads] or [1], or [0]: value scales, times v_scale
 //   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
 //   lse             float32 [num_tokens, num_q_heads]: each row's log-sum-exp of its logits
 //                   (natural log, after scale, k_scale and soft cap, the sink included); -inf
@@ -39,10 +42,21 @@ namespace xgo {
 
 struct PagedAttention {
   static constexpr const char* kName = "paged_attention";
-  enum { kQuery, kKvCache, kContextLens, kBlockTables, kQueryStartLoc, kNumSeqs, kSinks };
-  static constexpr std::array<const char*, 7> kOperandNames = {
-      "query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs", "sinks"};
-  enum { kOut = 7, kLse = 8, kWorkspace = 9 };  // buffer indices: results follow the operands
+  enum {
+    kQuery,
+    kKvCache,
+    kContextLens,
+    kBlockTables,
+    kQueryStartLoc,
+    kNumSeqs,
+    kSinks,
+    kKScales,
+    kVScales
+  };
+  static constexpr std::array<const char*, 9> kOperandNames = {
+      "query",    "kv_cache", "context_lens", "block_tables", "query_start_loc",
+      "num_seqs", "sinks",    "k_scales",     "v_scales"};
+  enum { kOut = 9, kLse = 10, kWorkspace = 11 };  // buffer indices: results follow the operands
   static constexpr std::array<const char*, 3> kResultNames = {"out", "lse", "workspace"};
   struct Attrs {
     float scale;

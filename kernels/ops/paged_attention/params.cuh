@@ -41,7 +41,12 @@ struct PagedAttentionParams {
   void* out;
   float* lse;          // [T, Hq]: each finished row's log-sum-exp (natural log, sink included)
   const float* sinks;  // [Hq], or nullptr: one more logit per query head in each row's softmax
-  int32_t* flags;      // workspace words [0, state_offset)
+  // Scales per KV head (entry kv_head * stride; stride 0: one entry), or nullptr: k_scales
+  // multiply `scale` per block (TileWork::scale), v_scales the output (ScaleRowsKernel).
+  const float* k_scales;
+  const float* v_scales;
+  int k_scale_stride, v_scale_stride;
+  int32_t* flags;            // workspace words [0, state_offset)
   PartState* partial_state;  // [splits, T, Hq]
   float* partial_out;        // [splits, T, Hq, D]
   int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,

@@ -31,6 +31,8 @@ struct PagedAttentionConfig {
   float k_scale;
   float v_scale;
   bool has_sinks;  // sinks is [num_q_heads], not [0]
+  // Entries of k_scales / v_scales: 0 (none), 1 (one for every KV head) or num_kv_heads.
+  int64_t k_scales_len, v_scales_len;
 };
 
 // Workspace (float32 elements), in this order:

@@ -104,7 +104,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
     }
   }
   OnlineSoftmax<2 * kMTiles, 4, Exp2Mode::kApprox> softmax;  // row 2 mi + h: m tile mi, half h
-  const float scale2 = p.scale * kLog2e;
+  const float scale2 = w.scale * kLog2e;
 
   for (int tile = range.tile_begin; tile < range.tile_end; ++tile) {
     const int stage = kv.Next(p, w, range, tile);
@@ -172,7 +172,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
             for (int e = 0; e < 4; ++e) {
               const int h = e >> 1;
               const int r = warp_row0 + mi * 16 + lane / 4 + 8 * h;  // recomputed: saves registers
-              s[mi][nt][e] = Logit2(p, s[mi][nt][e], key0 + nt * 8 + (e & 1),
+              s[mi][nt][e] = Logit2(p, w.scale, s[mi][nt][e], key0 + nt * 8 + (e & 1),
                                     offset + w.tok0 + r / p.heads_per_block, r < w.rows);
               tile_max[2 * mi + h] = fmaxf(tile_max[2 * mi + h], s[mi][nt][e]);
             }

@@ -680,9 +680,11 @@ struct Sm90Consumer {
   int row_pos[2];            // key position row h ends at (causal), -1 for padding rows
   int wg_lo_pos, wg_hi_pos;  // the same for this consumer's first and last real row (-1: none)
   OnlineSoftmax<2, 4, Exp2Mode::kApprox> softmax;  // rows h = 0, 1
+  float scale2;  // the item's logits multiplier in the log2 domain (TileWork::scale * log2 e)
 
   __device__ __forceinline__ Sm90Consumer(const PagedAttentionParams& p, const TileWork& w, int cw,
-                                          int warp, int lane) {
+                                          int warp, int lane)
+      : scale2(w.scale * kLog2e) {
     const int offset = w.kv_len - w.q_len - w.q_start;  // absolute key position = offset + token
     const int first = 64 * cw;
 #pragma unroll
@@ -699,7 +701,6 @@ struct Sm90Consumer {
   // updated; returns whether some row's maximum moved (softmax.Rescale then scales O).
   __device__ __forceinline__ bool Softmax(const PagedAttentionParams& p, float (&s)[kS], int key0,
                                           int lane) {
-    const float scale2 = p.scale * kLog2e;
     // Every real row of this consumer sees every key of the tile: no mask. (Padding rows hold
     // other tokens' Q, or stale shared memory where 128 rows are not whole tokens: values of any
     // kind, rows of their own through both products and the softmax, never stored.)
@@ -716,7 +717,7 @@ struct Sm90Consumer {
       if (p.soft_cap > 0.0f) {
         // soft_cap * tanh(x) with tanh(x) = 1 - 2 / (e^2x + 1): branch-free (tanhf branches on
         // |x| per element), absolute error ~1e-6, the size that matters before the exp.
-        const float in_scale = 2.0f * kLog2e * p.scale / p.soft_cap;
+        const float in_scale = 2.0f * scale2 / p.soft_cap;
         const float out_scale = p.soft_cap * kLog2e;
 #pragma unroll
         for (int i = 0; i < kS; ++i) {

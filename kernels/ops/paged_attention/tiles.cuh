@@ -95,7 +95,8 @@ struct TileWork {
   int seq, q_start, q_len, kv_len;
   int tok0, tok_end;  // this block's tokens [tok0, tok_end) of the sequence, absolute rows
   int head0, kv_head;
-  int rows;  // real rows: (tok_end - tok0) * heads_per_block
+  float scale;  // logits multiplier of this KV head: scale * k_scale (* its k_scales entry)
+  int rows;     // real rows: (tok_end - tok0) * heads_per_block
   bool seq_ok;
   int split, num_splits;  // this block's KV split
   bool by_sequence;       // split parts indexed by sequence (short region), not by token
@@ -114,6 +115,7 @@ __device__ __forceinline__ void SetSequenceTile(const PagedAttentionParams& p, i
   w.tok_end = tok_end;
   w.head0 = head0;
   w.kv_head = head0 / p.group_size;
+  w.scale = p.k_scales == nullptr ? p.scale : p.scale * p.k_scales[w.kv_head * p.k_scale_stride];
   w.rows = (tok_end - tok0) * p.heads_per_block;
 }
 
@@ -317,10 +319,10 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w,
   }
 }
 
-// Unmasked logit in the log2 domain: scale, optional soft cap.
-__device__ __forceinline__ float Scaled2(const PagedAttentionParams& p, float qk) {
-  if (p.soft_cap > 0.0f) return p.soft_cap * tanhf(qk * p.scale / p.soft_cap) * kLog2e;
-  return qk * (p.scale * kLog2e);
+// Unmasked logit in the log2 domain: the block's scale (TileWork::scale), optional soft cap.
+__device__ __forceinline__ float Scaled2(const PagedAttentionParams& p, float scale, float qk) {
+  if (p.soft_cap > 0.0f) return p.soft_cap * tanhf(qk * scale / p.soft_cap) * kLog2e;
+  return qk * (scale * kLog2e);
 }
 
 // Whether a query at key position `pos` sees key `key`: causal, and inside the sliding window.
@@ -329,9 +331,9 @@ __device__ __forceinline__ bool SeesKey(const PagedAttentionParams& p, int key, 
 }
 
 // Masked logit in the log2 domain (-inf when masked): causal + sliding window.
-__device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float qk, int key, int pos,
-                                        bool row_ok) {
-  return row_ok && SeesKey(p, key, pos) ? Scaled2(p, qk) : -INFINITY;
+__device__ __forceinline__ float Logit2(const PagedAttentionParams& p, float scale, float qk,
+                                        int key, int pos, bool row_ok) {
+  return row_ok && SeesKey(p, key, pos) ? Scaled2(p, scale, qk) : -INFINITY;
 }
 
 // True when every key of the tile is visible to every row of the block (no masking needed;

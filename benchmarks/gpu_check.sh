@@ -4,9 +4,10 @@
 #   bash benchmarks/gpu_check.sh [--out DIR] [--wheels DIR] [--library FILE] [STEP ...]
 #
 # STEP: tests (the whole suite, default), kernels (the CUDA kernel and sinks tests), frontends
-# (torchax and JAX tests), examples (the example in every mode this host has), sanitizer
-# (compute-sanitizer memcheck and racecheck on a reduced kernel selection), timing
-# (`python -m benchmarks probe decode`).
+# (torchax and JAX tests), examples (the example in every mode this host has), serving
+# (transformers' continuous batching on our ops beside its own, bf16, 32 requests: tok/s and the
+# tokens equal to eager attention), sanitizer (compute-sanitizer memcheck and racecheck on a
+# reduced kernel selection), timing (`python -m benchmarks probe decode`).
 # Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
 # --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies
 # into a temporary directory. DIR (default artifacts/gpu-check/<UTC time>) receives one log per
@@ -69,6 +70,8 @@ SANITIZED+=" or (fp8_cache_prefill_tile_edges and 64 and 12) or (fp8_cache_short
 SANITIZED+=" or (head_dim_256_tiles and 12-4) or head_dim_256_bad_page"  # 32-key D = 256 decode tiles
 # the KV-cache write kernel (with a slot past the cache) and the scales, from the serving tests
 SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
+# every kernel path's LSE and the split-keys merge; scales read as tensors
+SANITIZED_OUTPUTS=(tests/test_paged_attention_lse.py tests/test_scales.py -k cuda)
 summary=()
 for step in "${steps[@]}"; do
   case $step in
@@ -91,6 +94,8 @@ for step in "${steps[@]}"; do
           "${PYTEST[@]}" tests/test_kernels_cuda.py -k "$SANITIZED" > "$out/sanitizer-$1.txt" 2>&1 || rc=1
         timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
           "${PYTEST[@]}" tests/test_serving.py -k "$SANITIZED_SERVING" >> "$out/sanitizer-$1.txt" 2>&1 || rc=1
+        timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+          "${PYTEST[@]}" "${SANITIZED_OUTPUTS[@]}" >> "$out/sanitizer-$1.txt" 2>&1 || rc=1
         return $rc
       }
       sanitize memcheck & memcheck=$!
@@ -99,6 +104,10 @@ for step in "${steps[@]}"; do
       wait $memcheck || ok=1
       wait $racecheck || ok=1
       (exit $ok) ;;
+    serving)
+      timeout 600 python3 examples/serve_transformers.py --device cuda --dtype bfloat16 \
+        --size medium --requests 32 --new-tokens 64 --check --compare "paged|sdpa" sdpa \
+        > "$out/serving.txt" 2>&1 ;;
     timing) timeout 300 python3 -m benchmarks probe decode > "$out/timing.txt" 2>&1 ;;
     *) echo "gpu_check.sh: unknown step $step" >&2; false ;;
   esac

@@ -2,12 +2,16 @@
 
     python examples/serve_transformers.py                       # CPU: a Llama-like model, f32
     python examples/serve_transformers.py --device cuda --dtype bfloat16 --requests 32 \\
-        --compare paged|sdpa sdpa                                # GPU: beside transformers' own
+        --size medium --check --compare "paged|sdpa" sdpa       # GPU: beside transformers' own
 
 Half the requests arrive first; the rest arrive once the first ones decode, so every step mixes
 prefill chunks and decodes of ragged lengths. Prints, per attention implementation, the tokens per
-second (generated tokens over the wall time from the first request to the last result) and, with
---check, whether each request's greedy tokens equal transformers' eager attention's.
+second (generated tokens over the wall time from the first request to the last result). A
+compared name with "paged|" runs the same continuous batching; one without (sdpa, eager) runs
+transformers' plain `generate` on the whole batch at once, left-padded. --check also prints, per
+implementation, how many generated tokens equal transformers' eager attention's before a
+request's first difference (in bf16 the two drift apart after near-ties) and how many requests
+are equal throughout.
 """
 
 from __future__ import annotations
@@ -35,16 +39,23 @@ FAMILIES = {  # family -> (config class, model class, config arguments)
 }
 
 
-def build_model(family: str, device: str, dtype: torch.dtype, layers: int, seed: int = 0):
+SIZES = {  # size -> (hidden, intermediate, query heads, KV heads, head dim, layers)
+    "small": (512, 1024, 8, 2, 64, 2),  # CPU
+    "medium": (2048, 5632, 16, 4, 128, 8),  # a GPU: Llama-like heads, ~0.6B parameters
+}
+
+
+def build_model(family: str, device: str, dtype: torch.dtype, size: str, seed: int = 0):
     config_name, model_name, extra = FAMILIES[family]
+    hidden, intermediate, heads, kv_heads, head_dim, layers = SIZES[size]
     config = getattr(transformers, config_name)(
         vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1024,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         max_position_embeddings=4096,
         initializer_range=0.1,
         **extra,
@@ -95,6 +106,36 @@ def serve(model, attn: str, prompts: list[list[int]], new_tokens: int, block_siz
     return {i: done[f"r{i}"] for i in range(len(prompts))}, seconds
 
 
+def generate_batch_at_once(model, attn: str, prompts: list[list[int]], new_tokens: int):
+    """transformers' plain generate with `attn` over every prompt at once, left-padded: the
+    static-batch baseline. Returns ({request: tokens}, seconds)."""
+    model.set_attn_implementation(attn)
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), longest), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, prompt in enumerate(prompts):
+        ids[i, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[i, longest - len(prompt) :] = 1
+    config = transformers.GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    start = time.perf_counter()
+    out = model.generate(
+        ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+    )
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {i: out[i, longest:].tolist() for i in range(len(prompts))}, seconds
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def eager_tokens(model, prompts: list[list[int]], new_tokens: int) -> dict[int, list[int]]:
     model.set_attn_implementation("eager")
     config = transformers.GenerationConfig(
@@ -112,27 +153,41 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="llama")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--compare", nargs="*", default=[], help="other attn_implementations")
     parser.add_argument("--check", action="store_true", help="compare tokens with eager attention")
     args = parser.parse_args(argv)
 
-    model = build_model(args.family, args.device, getattr(torch, args.dtype), args.layers)
+    model = build_model(args.family, args.device, getattr(torch, args.dtype), args.size)
     prompts = make_prompts(args.requests, model.config.vocab_size, seed=1)
     expected = eager_tokens(model, prompts, args.new_tokens) if args.check else None
     report = {}
     for attn in [xgo_transformers.register(), *args.compare]:
-        tokens, seconds = serve(model, attn, prompts, args.new_tokens)
+        if "paged|" in attn:
+            tokens, seconds = serve(model, attn, prompts, args.new_tokens)
+            name = attn
+        else:
+            tokens, seconds = generate_batch_at_once(model, attn, prompts, args.new_tokens)
+            name = f"generate({attn})"
         generated = sum(len(t) for t in tokens.values())
-        line = f"{attn:>20}: {generated} tokens in {seconds:.2f} s, {generated / seconds:.1f} tok/s"
-        matching = None
+        line = f"{name:>20}: {generated} tokens in {seconds:.2f} s, {generated / seconds:.1f} tok/s"
+        matching = prefix = None
         if expected is not None:
             matching = sum(tokens[i] == expected[i] for i in tokens)
-            line += f", {matching}/{len(tokens)} requests equal to eager"
+            prefix = sum(common_prefix(tokens[i], expected[i]) for i in tokens)
+            line += (
+                f"; equal to eager: {prefix}/{generated} tokens before a first difference "
+                f"({100 * prefix / generated:.1f} %), {matching}/{len(tokens)} requests throughout"
+            )
         print(line, flush=True)
-        report[attn] = {"tokens": tokens, "seconds": seconds, "matching": matching}
+        report[attn] = {
+            "tokens": tokens,
+            "seconds": seconds,
+            "matching": matching,
+            "prefix_tokens": prefix,
+        }
     return report
 
 

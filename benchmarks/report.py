@@ -164,16 +164,10 @@ def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
         target = f"fp8 cache ≥ {FP8_DECODE_SPEEDUP:.1f}x faster than the bf16 cache"
     else:
         target = f"fp8-cache time ≤ {FP8_TIME_RATIO[kind]:.1f}x the bf16 cache's"
-    twin = by_name.get(record["name"].replace("_fp8", ""))
-    if twin is None or twin.get("skipped"):
-        why = twin["skipped"] if twin else "its row is not in the run"
-        return _row(record, name, entry, target, f"no bf16-cache number ({why})")
-    same = twin["impls"].get(name, {})
-    if same.get("status") != "ok":
-        why = same.get("reason") or same.get("status", "absent")
-        return _row(record, name, entry, target, f"no bf16-cache number for {name} ({why})")
+    bf16_us = _twin_us(by_name, record["name"].replace("_fp8", ""), name)
+    if isinstance(bf16_us, str):
+        return _row(record, name, entry, target, f"no bf16-cache number{bf16_us}")
     fp8_us, _ = _ours_us(entry)
-    bf16_us = fastest_us(same)
     pair = f"{fp8_us:.1f} µs fp8 against {bf16_us:.1f} µs bf16"
     if kind == "decode":
         speedup = bf16_us / fp8_us
@@ -188,6 +182,18 @@ def _vs_bf16_cache(record, name, entry, by_name: dict) -> dict | None:
     return _row(record, name, entry, target, f"{verdict} ({shown}: {pair})")
 
 
+def _twin_us(by_name: dict, twin_name: str, name: str) -> float | str:
+    """The faster timing of implementation `name` on the run's row `twin_name` (the row a
+    variant is judged against), or why there is none (" (reason)", " for NAME (reason)")."""
+    twin = by_name.get(twin_name)
+    if twin is None or twin.get("skipped"):
+        return f" ({twin['skipped'] if twin else 'its row is not in the run'})"
+    same = twin["impls"].get(name, {})
+    if same.get("status") != "ok":
+        return f" for {name} ({same.get('reason') or same.get('status', 'absent')})"
+    return fastest_us(same)
+
+
 def _vs_one_query(record, name, entry, by_name: dict) -> dict | None:
     """A spec_decode row of q_len <= SPEC_RATIO_MAX_Q against the q_len 1 row of its shape
     (cases.spec_twin), the same implementation of ours: its slower timing against that row's
@@ -197,16 +203,10 @@ def _vs_one_query(record, name, entry, by_name: dict) -> dict | None:
     if q_len > SPEC_RATIO_MAX_Q:
         return None
     target = f"time ≤ {SPEC_TIME_RATIO:.1f}x the q_len 1 row's of its shape"
-    twin = by_name.get(spec_twin(record["name"]))
-    if twin is None or twin.get("skipped"):
-        why = twin["skipped"] if twin else "its row is not in the run"
-        return _row(record, name, entry, target, f"no q_len 1 number ({why})")
-    same = twin["impls"].get(name, {})
-    if same.get("status") != "ok":
-        why = same.get("reason") or same.get("status", "absent")
-        return _row(record, name, entry, target, f"no q_len 1 number for {name} ({why})")
+    one_us = _twin_us(by_name, spec_twin(record["name"]), name)
+    if isinstance(one_us, str):
+        return _row(record, name, entry, target, f"no q_len 1 number{one_us}")
     spec_us, _ = _ours_us(entry)
-    one_us = fastest_us(same)
     ratio = spec_us / one_us
     met = ratio <= SPEC_TIME_RATIO
     shown = (

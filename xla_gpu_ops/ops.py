@@ -546,6 +546,18 @@ def _scales_sample(rng: np.random.Generator, num_kv_heads: int) -> dict[str, np.
 
 
 _FLOATS = "float32, float16 or bfloat16"
+
+
+def _scale_attrs(k_doc: str, v_doc: str) -> tuple[Attr, Attr]:
+    """k_scale and v_scale: > 0, None for 1, or a float32 tensor [], [1] or [Hkv] that the public
+    functions pass as k_scales / v_scales (read at run time)."""
+    tensor = "; or a float32 tensor [], [1] or [Hkv], read at run time"
+    return (
+        Attr("k_scale", float, k_doc + tensor + " (k_scales)", None, 1.0, True, "k_scales"),
+        Attr("v_scale", float, v_doc + tensor + " (v_scales)", None, 1.0, True, "v_scales"),
+    )
+
+
 # Dequantisation scales as tensors (vLLM's k_scale / v_scale, per tensor or per KV head).
 _SCALES = "float32"
 K_SCALES = Operand(
@@ -640,24 +652,9 @@ PAGED_ATTENTION = Op(
             "sliding_window", int, "keys older than this many positions are masked", None, 0, True
         ),
         Attr("soft_cap", float, "logits -> soft_cap * tanh(logits / soft_cap)", None, 0.0, True),
-        Attr(
-            "k_scale",
-            float,
-            "key dequantisation scale: logits * k_scale; a float32 tensor [], [1] or [Hkv] is "
-            "read at run time (k_scales)",
-            None,
-            1.0,
-            True,
-            "k_scales",
-        ),
-        Attr(
-            "v_scale",
-            float,
-            "value dequantisation scale: out * v_scale; or a tensor, as k_scale (v_scales)",
-            None,
-            1.0,
-            True,
-            "v_scales",
+        *_scale_attrs(
+            "key dequantisation scale: logits * k_scale",
+            "value dequantisation scale: out * v_scale",
         ),
     ),
     results=("out", "lse", "workspace"),
@@ -720,26 +717,7 @@ KV_CACHE_UPDATE = Op(
         K_SCALES,
         V_SCALES,
     ),
-    attrs=(
-        Attr(
-            "k_scale",
-            float,
-            "stored K = new K / k_scale; or a float32 tensor [], [1] or [Hkv] (k_scales)",
-            None,
-            1.0,
-            True,
-            "k_scales",
-        ),
-        Attr(
-            "v_scale",
-            float,
-            "stored V = new V / v_scale; or a tensor, as k_scale (v_scales)",
-            None,
-            1.0,
-            True,
-            "v_scales",
-        ),
-    ),
+    attrs=(*_scale_attrs("stored K = new K / k_scale", "stored V = new V / v_scale"),),
     results=("kv_cache",),
     result_like=(),
     returned=1,

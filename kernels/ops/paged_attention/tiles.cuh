@@ -284,11 +284,13 @@ __device__ __forceinline__ float RowLse(const PagedAttentionParams& p, int head,
   return (hi + log2f(1.0f + exp2f(fminf(keys, sink) - hi))) * kLn2;
 }
 
-// Row (token, head)'s LSE where the row is finished here (one split); a split part's goes into
-// its PartState instead, for the merge.
+// Row (token, head)'s LSE (RowLse of its max and sum; NaN for a poisoned row) where the row is
+// finished here (one split); a split part's state goes into its PartState instead, for the merge.
 __device__ __forceinline__ void StoreRowLse(const PagedAttentionParams& p, const TileWork& w,
-                                            int token, int head, float lse) {
-  if (w.num_splits == 1) p.lse[static_cast<int64_t>(token) * p.num_q_heads + head] = lse;
+                                            int token, int head, float max, float sum) {
+  if (w.num_splits != 1) return;
+  const float lse = isnan(max) ? max : RowLse(p, head, max, sum);
+  p.lse[static_cast<int64_t>(token) * p.num_q_heads + head] = lse;
 }
 
 // A sink's share of the softmax denominator of a row of query head `head` whose maximum logit is
@@ -314,7 +316,7 @@ __device__ void PoisonRows(const PagedAttentionParams& p, const TileWork& w,
     StoreRow4<T>(p, w, token, head, (i % vecs) * 4, make_float4(nan, nan, nan, nan));
     if (i % vecs == 0) {
       StorePartState(p, w, token, head, nan, nan);
-      StoreRowLse(p, w, token, head, nan);
+      StoreRowLse(p, w, token, head, nan, nan);
     }
   }
 }
@@ -580,7 +582,7 @@ __device__ __forceinline__ void MergeKeyWarpsAndStore(const PagedAttentionParams
     StoreRow4<T>(p, w, token, head, d, o);
     if (d == 0) {
       StorePartState(p, w, token, head, m, sum);
-      StoreRowLse(p, w, token, head, RowLse(p, head, base, sum));
+      StoreRowLse(p, w, token, head, base, sum);
     }
   }
 }

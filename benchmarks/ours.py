@@ -59,8 +59,11 @@ def op_paged_attention(
     k_scale=None,
     v_scale=None,
     sinks=None,
+    k_scales=None,
+    v_scales=None,
 ):
-    """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel)."""
+    """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel);
+    k_scales / v_scales: the scale tensors (probe scales)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
@@ -77,7 +80,12 @@ def op_paged_attention(
     ]
     if k_scale is not None or v_scale is not None:  # else the call the host-cost row times
         args += [None, k_scale, v_scale]  # soft_cap, k_scale, v_scale
-    return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks)[0]
+    tensors = (
+        {}
+        if k_scales is None and v_scales is None
+        else {"k_scales": k_scales, "v_scales": v_scales}
+    )
+    return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks, **tensors)[0]
 
 
 def op_simple_add(a, b):

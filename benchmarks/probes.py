@@ -14,6 +14,10 @@ noise), and the fraction of its bytes floor at the read bandwidth measured first
   long     B1 from 4k to 128k keys, and B32 x 64k
   dtypes   the anchor in float16 and float32
   mixed    the benchmark's mixed batch, its decodes alone and its prefills alone
+scales: k_scale / v_scale as per-KV-head float32 tensors against the same values as floats, on
+the decode, prefill and mixed anchors: both timed in alternation, twice; ratio = the slower
+tensor time / the slower float time, and the largest difference of the outputs (0: the same
+products per head).
 fp8: our op on an fp8 (e4m3) cache against the same values in a 16-bit cache, on the rows of the
 fp8 targets (causal prefill B1 x 8k and B8 x 2k at D 64, 128, 256; the mixed batch; the decode
 anchor): each pair timed in alternation, twice; ratio = the slower fp8 time / the slower 16-bit
@@ -373,6 +377,61 @@ def probe_sinks() -> None:
         del copies, plain, with_sinks
 
 
+# ------------------------------------------------------------------------------ scales
+def scales_rows() -> list[Case]:
+    """The anchor rows of decode, prefill and the mixed batch, and gpt-oss's decode."""
+    return [
+        decode_case(32, 4096, (32, 8)),
+        decode_case(1, 65536, (32, 8)),
+        decode_case(32, 4096, (64, 8), head_dim=64),
+        prefill_case(8, 2048),
+        prefill_case(1, 8192),
+        mixed_case(),
+    ]
+
+
+def probe_scales() -> None:
+    """k_scale / v_scale as float32 tensors per KV head against the same values as floats: the
+    time of reading them at run time, and whether the output is the same (it must be: each head's
+    product is the same float)."""
+    import torch
+
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
+    print(
+        f"{'case':60s} {'float µs':>9s} {'tensor µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+        "max |diff|",
+        flush=True,
+    )
+    for case in scales_rows():
+        copies = _copies(case)
+        k, v = 0.5, 2.0
+        k_heads = torch.full((case.num_kv_heads,), k, device="cuda")
+        v_heads = torch.full((case.num_kv_heads,), v, device="cuda")
+        floats = [
+            functools.partial(
+                ours.op_paged_attention,
+                *(c[n] for n in OPERANDS),
+                scale=scale_of(case),
+                k_scale=k,
+                v_scale=v,
+            )
+            for c in copies
+        ]
+        tensors = [
+            functools.partial(call, k_scale=None, v_scale=None, k_scales=k_heads, v_scales=v_heads)
+            for call in floats
+        ]
+        times = [_us(calls) for calls in (floats, tensors, floats, tensors)]
+        ratio = max(times[1], times[3]) / max(times[0], times[2])
+        diff = (tensors[0]().float() - floats[0]().float()).abs().max().item()
+        print(
+            f"{case.name:60s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+            f"{ratio:.3f}  {diff:.1e}",
+            flush=True,
+        )
+        del copies, floats, tensors
+
+
 # ------------------------------------------------------------------------------ rms_norm
 RMS_NORM_SHAPES = ((8192, 4096), (16384, 4096), (4096, 8192), (32768, 8192))  # N x H
 
@@ -445,6 +504,7 @@ def main(argv: list[str]) -> int:
     decode.add_argument("groups", nargs="*", help=f"of {list(decode_groups())}")
     sub.add_parser("sinks", help="the cost of attention sinks on the anchor and gpt-oss rows")
     sub.add_parser("fp8", help="an fp8 cache against a 16-bit one: prefill, mixed, decode")
+    sub.add_parser("scales", help="k_scale / v_scale as tensors per KV head against floats")
     rms = sub.add_parser("rms_norm", help="rms_norm beside torch's, eager and compiled")
     rms.add_argument("--shapes", nargs="*", default=[], help="N x H, e.g. 8192x4096")
     prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
@@ -459,6 +519,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.probe == "fp8":
         probe_fp8()
+        return 0
+    if args.probe == "scales":
+        probe_scales()
         return 0
     if args.probe == "rms_norm":
         shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes]

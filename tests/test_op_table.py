@@ -83,7 +83,7 @@ def test_schema():
             "(Tensor query, Tensor kv_cache, Tensor context_lens, Tensor block_tables, "
             "Tensor query_start_loc, Tensor num_seqs, float scale, int? sliding_window=None, "
             "float? soft_cap=None, float? k_scale=None, float? v_scale=None, Tensor? sinks=None, "
-            "Tensor? k_scales=None, Tensor? v_scales=None) -> (Tensor, Tensor)"  # out and lse: the op always returns both
+            "Tensor? k_scales=None, Tensor? v_scales=None, Tensor? value_cache=None) -> (Tensor, Tensor)"  # out and lse: the op always returns both
         )
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
@@ -103,7 +103,8 @@ def test_bind():
     operands, attrs = op.bind(
         (1, 2, 3), {"block_tables": 4, "query_start_loc": 5, "num_seqs": 6, "scale": 0.5}
     )
-    assert operands == [1, 2, 3, 4, 5, 6, None, None, None]  # sinks, k_scales, v_scales: left out
+    # sinks, k_scales, v_scales, value_cache: left out
+    assert operands == [1, 2, 3, 4, 5, 6, None, None, None, None]
     assert attrs == {
         "scale": 0.5,
         "sliding_window": None,
@@ -113,10 +114,10 @@ def test_bind():
     }
     # the fast path (required operands positional, the rest by keyword) and the general one
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7}) == (
-        [*range(6), 7, None, None],
+        [*range(6), 7, None, None, None],
         {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
     )
-    with_sinks = [*range(6), 7, None, None]
+    with_sinks = [*range(6), 7, None, None, None]
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7, "soft_cap": 2.0})[0] == with_sinks
     assert op.bind([*range(6), 0.5, None, None, None, None, 7], {})[0] == with_sinks
     with pytest.raises(TypeError, match="scale: missing"):
@@ -132,14 +133,14 @@ def test_bind():
 def test_split_schema_args_fills_dropped_defaults():
     op = ops.PAGED_ATTENTION
     assert op.split_schema_args([*range(6), 0.5]) == (
-        [*range(6), None, None, None],
+        [*range(6), None, None, None, None],
         {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
     )
     # an optional operand comes after the attributes in the schema, first in nothing else
     operands, attrs = op.split_schema_args([*range(6), 0.5, 3, None, None, None, "sinks"])
-    assert operands == [*range(6), "sinks", None, None]
+    assert operands == [*range(6), "sinks", None, None, None]
     assert attrs["sliding_window"] == 3
-    args = [*range(6), 0.5, 3, None, None, None, "sinks", None, None]
+    args = [*range(6), 0.5, 3, None, None, None, "sinks", None, None, None]
     assert op.schema_args(operands, attrs) == args
 
 
@@ -157,9 +158,9 @@ def test_optional_operands_come_last():
             doc="",
             sample=ops.SIMPLE_ADD.sample,
         )
-    with pytest.raises(TypeError, match=r"takes 6 to 9 operands"):
+    with pytest.raises(TypeError, match=r"takes 6 to 10 operands"):
         ops.PAGED_ATTENTION.complete(range(5))
-    assert ops.PAGED_ATTENTION.complete(range(6)) == [*range(6), None, None, None]
+    assert ops.PAGED_ATTENTION.complete(range(6)) == [*range(6), None, None, None, None]
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,9 @@ def paged_call(
         (0,),  # no sinks
         (0,),  # no k_scales
         (0,),  # no v_scales
+        (0,),  # no value_cache: K and V interleaved
     ]
-    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32"] + ["float32"] * 3
+    dtypes = [dtype, kv_dtype or dtype, "int32", "int32", "int32", "int32"] + ["float32"] * 4
     attrs = {**ATTRS, "sliding_window": sliding_window}
     call, results = _library.describe_call(ops.PAGED_ATTENTION, shapes, dtypes, attrs)
     workspace = results[-1]  # after out and lse
@@ -127,11 +128,11 @@ def test_plan_picks_the_path_for_the_device(shapes, expected):
 
 
 def test_plan_hook_runs_the_static_checks():
-    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,), (0,), (0,)]
+    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,), (0,), (0,), (0,)]
     call = _library.make_call(
         ops.PAGED_ATTENTION,
         shapes,
-        ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32"] + ["float32"] * 3,
+        ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32"] + ["float32"] * 4,
         ops.PAGED_ATTENTION.encode_attrs(ATTRS),
     )
     with pytest.raises(ValueError, match="head_dim"):

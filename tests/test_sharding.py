@@ -117,8 +117,8 @@ def shapes(num_q_heads: int, num_kv_heads: int, combined: int | None = None, sin
     """Operand shapes of paged_attention; sinks: the entries of the sinks operand (0: none)."""
     combined = 2 * num_kv_heads if combined is None else combined
     metadata = [(3,), (3, 4), (4,), (1,)]
-    # then sinks, k_scales and v_scales (absent: [0])
-    return [(10, num_q_heads, 64), (7, 16, combined, 64), *metadata, (sinks,), (0,), (0,)]
+    # then sinks, k_scales, v_scales and value_cache (absent: [0])
+    return [(10, num_q_heads, 64), (7, 16, combined, 64), *metadata, (sinks,), (0,), (0,), (0,)]
 
 
 @pytest.mark.parametrize(
@@ -165,6 +165,7 @@ def test_partition_entries():
         ("heads",),  # sinks follow the query heads
         (None,),  # k_scales and v_scales are replicated (one entry, or none)
         (None,),
+        (None, None, None, None),  # value_cache: refused by check_split when given
     ]
     # out [T, Hq, D] and lse [T, Hq] follow the query heads
     assert head_sharding.result_entries(PAGED_ATTENTION, [3, 2], ("a", "b")) == [

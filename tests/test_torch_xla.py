@@ -133,8 +133,8 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
         f"{'f32' if t.dtype == torch.float32 else 's32'}[{','.join(map(str, t.shape))}]"
         for t in (inputs[name] for name in ORDER)
     ]
-    # sinks, k_scales, v_scales left out: the empty operand the library reads as none
-    expected += ["f32[0]"] * 3
+    # sinks, k_scales, v_scales, value_cache left out: the empty operand the library reads as none
+    expected += ["f32[0]"] * 4
     assert shapes == expected, "operands must be in the launcher's order"
     attrs = {"scale": 0.1, "sliding_window": 7, "soft_cap": 5.0}
     _, (*_, workspace) = library_call(PAGED_ATTENTION, list(inputs.values()), attrs)
@@ -163,8 +163,8 @@ def test_custom_call_legacy_opaque_carries_config_bytes(custom_call_impl, monkey
         b"paged_attention",
     )
     shapes = [tuple(s.dims[: s.rank]) for s in call.operands[: call.num_operands]]
-    # (0,): no sinks, no k_scales, no v_scales
-    assert shapes == [*(tuple(t.shape) for t in inputs.values()), (0,), (0,), (0,)]
+    # (0,): no sinks, no k_scales, no v_scales, no value_cache
+    assert shapes == [*(tuple(t.shape) for t in inputs.values()), (0,), (0,), (0,), (0,)]
     assert (call.attrs[0].f64, call.attrs[1].i64, call.attrs[2].f64) == (0.25, 0, 2.0)
 
 

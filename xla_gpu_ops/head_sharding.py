@@ -107,6 +107,11 @@ def check_split(
         raise ValueError(f"{op.name}: axis: {axis_text} has {num_shards} devices")
     rules = layout(op)
     by_name = {o.name: tuple(s) for o, s in zip(op.operands, shapes, strict=True)}
+    if len(by_name.get("value_cache", ())) > 1:  # given: not the absent [0]
+        raise ValueError(
+            f"{op.name}: value_cache: the sharding wrappers split the interleaved cache; K and V "
+            "in caches of their own are not split yet (pass kv_cache interleaved)"
+        )
     for name, entry in rules.dims.items():
         if len(by_name[name]) <= entry.dim:
             raise ValueError(

@@ -498,7 +498,8 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
     Hq=8, Hkv=2, head_dim=64, page_size=16, float32, pages in reverse order. zeros=True makes every
     input all zeros, metadata included (num_seqs = 0, a valid empty batch): the case where a graph
     built from constants could be folded into a constant. Scales per KV head (k_scales, v_scales;
-    absent, [0], in the zero call)."""
+    absent, [0], in the zero call); K and V in caches of their own (kv_cache, value_cache: the
+    interleaved cache has tests of its own everywhere)."""
     seqs = [(1, 37), (17, 17), (3, 64)]  # (q_len, context_len)
     num_q_heads, num_kv_heads, head_dim, page_size, pad_tokens, spare_slots = 8, 2, 64, 16, 2, 1
     pages_per_seq = max(-(-ctx // page_size) for _, ctx in seqs)
@@ -507,7 +508,7 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
     num_tokens = sum(q for q, _ in seqs) + pad_tokens
     shapes = [
         ((num_tokens, num_q_heads, head_dim), np.float32),
-        ((num_pages, page_size, 2 * num_kv_heads, head_dim), np.float32),
+        ((num_pages, page_size, num_kv_heads, head_dim), np.float32),  # K
         ((num_slots,), np.int32),
         ((num_slots, pages_per_seq), np.int32),
         ((num_slots + 1,), np.int32),
@@ -515,6 +516,7 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
         ((num_q_heads,), np.float32),
         ((0 if zeros else num_kv_heads,), np.float32),
         ((0 if zeros else num_kv_heads,), np.float32),
+        ((num_pages, page_size, num_kv_heads, head_dim), np.float32),  # V
     ]
     sample = {
         name: np.zeros(shape, dtype)
@@ -522,7 +524,7 @@ def _paged_attention_sample(zeros: bool) -> dict[str, np.ndarray]:
     }
     if not zeros:
         rng = np.random.default_rng(0)
-        for name in ("query", "kv_cache", "sinks"):
+        for name in ("query", "kv_cache", "sinks", "value_cache"):
             sample[name][...] = rng.standard_normal(sample[name].shape, np.float32)
         sample["block_tables"][...] = np.arange(num_pages, dtype=np.int32)[::-1].reshape(
             num_slots, pages_per_seq
@@ -601,7 +603,8 @@ PAGED_ATTENTION = Op(
             "kv_cache",
             4,
             "query's or float8_e4m3fn",
-            "[P, page_size, 2*Hkv, D] (K even, V odd heads)",
+            "[P, page_size, 2*Hkv, D] (K even, V odd heads); with value_cache: K alone, "
+            "[P, page_size, Hkv, D]",
         ),
         Operand(
             "context_lens", 1, _INDEX, "[S]", values_checked=True, converts=_INT64, cast_to="int32"
@@ -645,6 +648,14 @@ PAGED_ATTENTION = Op(
         ),
         K_SCALES,
         V_SCALES,
+        Operand(
+            "value_cache",
+            4,
+            "kv_cache's",
+            "[P, page_size, Hkv, D]: V apart from K (kv_cache then holds K alone, the same shape: "
+            "vLLM's cache.unbind(0), transformers' paged cache); None: interleaved in kv_cache",
+            optional=True,
+        ),
     ),
     attrs=(
         Attr("scale", float, "logits multiplier"),

@@ -49,6 +49,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None,
     compute_dtype: torch.dtype = torch.float32,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +59,8 @@ def paged_attention(
 
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
     scales apply as logits * k_scale and out * v_scale; k_scales / v_scales [Hkv] or [1] (None or
-    empty: none) multiply them per KV head. sinks [Hq] (None or empty: none): head h's
+    empty: none) multiply them per KV head. value_cache [P, page_size, Hkv, D] (None or empty:
+    none): V apart, kv_cache then holding K alone. sinks [Hq] (None or empty: none): head h's
     sink is one more logit in each of its rows, after scale, soft cap and mask, that joins the
     softmax and is dropped after it (gpt-oss's attention sinks). Rows at or past
     query_start_loc[num_seqs] are zero. Metadata must already be valid (the library's
@@ -66,7 +68,8 @@ def paged_attention(
     """
     _, num_q_heads, head_dim = query.shape
     page_size = kv_cache.shape[1]
-    num_kv_heads = kv_cache.shape[2] // 2
+    separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    num_kv_heads = kv_cache.shape[2] if separate else kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads
     k_per_head = per_q_head(k_scales, k_scale, num_kv_heads, group, compute_dtype, query.device)
     v_per_head = per_q_head(v_scales, v_scale, num_kv_heads, group, compute_dtype, query.device)
@@ -81,10 +84,14 @@ def paged_attention(
             continue
         num_used_pages = -(-kv_len // page_size)
         pages = block_tables[i, :num_used_pages].long()
-        kv = _gather(kv_cache, pages).reshape(-1, 2 * num_kv_heads, head_dim)[:kv_len]
-        kv = kv.to(compute_dtype)
-        k = kv[:, 0::2].repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
-        v = kv[:, 1::2].repeat_interleave(group, dim=1)
+        if separate:
+            k = _gather(kv_cache, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len]
+            v = _gather(value_cache, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len]
+        else:
+            kv = _gather(kv_cache, pages).reshape(-1, 2 * num_kv_heads, head_dim)[:kv_len]
+            k, v = kv[:, 0::2], kv[:, 1::2]
+        k = k.to(compute_dtype).repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
+        v = v.to(compute_dtype).repeat_interleave(group, dim=1)
         q = query[q_start:q_end].to(compute_dtype)
         logits = torch.einsum("qhd,khd->hqk", q, k) * scale * k_per_head[:, None, None]
         if soft_cap is not None:

@@ -346,6 +346,7 @@ def paged_attention_composite(
     sinks: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """paged_attention (out, and lse with return_lse) as plain tensor ops with static shapes (one
@@ -357,8 +358,9 @@ def paged_attention_composite(
     zeros. Inputs must already be checked (static shapes); bad metadata gives unspecified rows.
     """
     num_tokens, num_q_heads, head_dim = query.shape
-    _, page_size, combined_heads, _ = kv_cache.shape
-    num_kv_heads = combined_heads // 2
+    _, page_size, cache_heads, _ = kv_cache.shape
+    separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    num_kv_heads = cache_heads if separate else cache_heads // 2
     group = num_q_heads // num_kv_heads
     max_num_seqs, pages_per_seq = block_tables.shape
     max_kv_len = pages_per_seq * page_size
@@ -380,9 +382,13 @@ def paged_attention_composite(
 
     # Keys and values of each token's sequence: [T, L, Hkv, D], L = pages_per_seq * page_size.
     pages = block_tables[seq].long()  # [T, pages_per_seq]
-    kv = kv_cache[pages].reshape(num_tokens, max_kv_len, combined_heads, head_dim)
-    keys = kv[:, :, 0::2].float()
-    values = kv[:, :, 1::2].float()
+    if value_cache is not None and separate:
+        keys = kv_cache[pages].reshape(num_tokens, max_kv_len, num_kv_heads, head_dim).float()
+        values = value_cache[pages].reshape(num_tokens, max_kv_len, num_kv_heads, head_dim).float()
+    else:
+        kv = kv_cache[pages].reshape(num_tokens, max_kv_len, cache_heads, head_dim)
+        keys = kv[:, :, 0::2].float()
+        values = kv[:, :, 1::2].float()
 
     q = query.float().reshape(num_tokens, num_kv_heads, group, head_dim)
     k_per_head = reference.per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)

@@ -99,6 +99,11 @@ def call(
         op, [tuple(t.shape) for t in operands], size, head_sharding.axis_text(axis)
     )
     in_specs, out_specs = partition_specs(op, axis)
+    # an absent optional operand is the [0] stand-in, replicated whatever the operand's rank
+    in_specs = [
+        spec if t.dim() == len(spec) else (None,)
+        for t, spec in zip(operands, in_specs, strict=True)
+    ]
     local = [
         xs.enable_manual_sharding(t, spec, mesh=mesh).global_tensor
         for t, spec in zip(operands, in_specs, strict=True)

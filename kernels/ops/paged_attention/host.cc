@@ -84,7 +84,8 @@ template <typename T, typename KV>
 int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                        const int32_t* context_lens, const int32_t* block_tables,
                        const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                       const float* k_scales, const float* v_scales, void* out, float* lse) {
+                       const float* k_scales, const float* v_scales, const void* value_cache,
+                       void* out, float* lse) {
   using S = typename T::Storage;
   using KS = typename KV::Storage;
   const S* q_data = static_cast<const S*>(query);
@@ -92,7 +93,9 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   S* out_data = static_cast<S*>(out);
   const int64_t D = c.head_dim;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
-  const int64_t combined_heads = 2 * c.num_kv_heads;
+  // V: its own cache, or the odd heads of kv_cache (PagedAttentionConfig::kv_slot_stride)
+  const KS* v_data = c.separate_kv ? static_cast<const KS*>(value_cache) : kv_data + D;
+  const int64_t slot_stride = c.kv_slot_stride(), head_stride = c.kv_head_stride();
   const bool capped = c.soft_cap > 0.0f;
   const KvScales scales =
       MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len, k_scales, v_scales);
@@ -118,9 +121,10 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
       // Gather this sequence's K and V rows for one kv head from its pages, as float.
       for (int64_t pos = 0; pos < kv_len; ++pos) {
         const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
-        const KS* slot = kv_data + ((page * c.page_size + pos % c.page_size) * combined_heads) * D;
-        const KS* k = slot + (2 * kv_head) * D;
-        const KS* v = slot + (2 * kv_head + 1) * D;
+        const int64_t at =
+            (page * c.page_size + pos % c.page_size) * slot_stride + kv_head * head_stride;
+        const KS* k = kv_data + at;
+        const KS* v = v_data + at;
         for (int64_t d = 0; d < D; ++d) {
           keys[pos * D + d] = KV::Load(k[d]);
           values[pos * D + d] = KV::Load(v[d]);
@@ -175,7 +179,8 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
 int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* kv_cache,
                   const int32_t* context_lens, const int32_t* block_tables,
                   const int32_t* query_start_loc, const int32_t* num_seqs, const float* sinks,
-                  const float* k_scales, const float* v_scales, void* out, float* lse) {
+                  const float* k_scales, const float* v_scales, const void* value_cache, void* out,
+                  float* lse) {
   XGO_RETURN_IF_FAILED(CheckMetadata(c, context_lens, block_tables, query_start_loc, num_seqs));
   return DispatchHost(
       ComputeDtypes{}, c.dtype, "paged_attention: query", [&](auto type) -> int32_t {
@@ -183,10 +188,10 @@ int32_t Attention(const PagedAttentionConfig& c, const void* query, const void* 
         if (c.kv_dtype == XGO_F8E4M3FN) {
           return AttentionTyped<T, host::F8E4M3FN>(c, query, kv_cache, context_lens, block_tables,
                                                    query_start_loc, num_seqs, sinks, k_scales,
-                                                   v_scales, out, lse);
+                                                   v_scales, value_cache, out, lse);
         }
         return AttentionTyped<T, T>(c, query, kv_cache, context_lens, block_tables, query_start_loc,
-                                    num_seqs, sinks, k_scales, v_scales, out, lse);
+                                    num_seqs, sinks, k_scales, v_scales, value_cache, out, lse);
       });
 }
 
@@ -212,7 +217,7 @@ int32_t PagedAttention::RunHost(const Config& c, void* const* buffers) {
       static_cast<const int32_t*>(buffers[kNumSeqs]),
       c.has_sinks ? static_cast<const float*>(buffers[kSinks]) : nullptr,
       static_cast<const float*>(buffers[kKScales]), static_cast<const float*>(buffers[kVScales]),
-      buffers[kOut], static_cast<float*>(buffers[kLse]));
+      buffers[kValueCache], buffers[kOut], static_cast<float*>(buffers[kLse]));
 }
 
 }  // namespace xgo

@@ -52,9 +52,20 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   const Shape& query_start_loc = call.operands[kQueryStartLoc];
   const Shape& num_seqs = call.operands[kNumSeqs];
   const Shape& sinks = call.operands[kSinks];
-  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1, 1, 1};
-  for (int i = 0; i < static_cast<int>(kOperandNames.size()); ++i) {
+  const Shape& value_cache = call.operands[kValueCache];
+  // value_cache absent: the [0] array every front end passes for a left-out optional operand
+  const bool separate_kv = !(value_cache.rank == 1 && value_cache.dims[0] == 0);
+  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1, 1, 1, 4};
+  for (int i = 0; i < kValueCache + (separate_kv ? 1 : 0); ++i) {
     XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
+  }
+  if (separate_kv) {  // K and V caches of one shape and dtype
+    XGO_RETURN_IF_FAILED(CheckSameDtype(kOp, "value_cache", value_cache, "kv_cache", kv_cache));
+    if (!value_cache.SameDims(kv_cache)) {
+      return Fail(XGO_INVALID_ARGUMENT,
+                  "paged_attention: value_cache: shape %s differs from the K cache's (kv_cache) %s",
+                  value_cache.Text().c_str(), kv_cache.Text().c_str());
+    }
   }
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "query", query, ComputeDtypes{}));
   if (kv_cache.dtype != query.dtype && kv_cache.dtype != XGO_F8E4M3FN) {
@@ -78,9 +89,14 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                 "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
                 static_cast<long long>(kv_cache.dims[3]), static_cast<long long>(head_dim));
   }
-  if (kv_cache.dims[2] <= 0 || kv_cache.dims[2] % 2 != 0) {
-    return Invalid("kv_cache", "dim 2 must be 2 * num_kv_heads (K and V interleaved)",
+  if (!separate_kv && (kv_cache.dims[2] <= 0 || kv_cache.dims[2] % 2 != 0)) {
+    return Invalid("kv_cache",
+                   "dim 2 must be 2 * num_kv_heads (K and V interleaved; K and V apart: give "
+                   "value_cache)",
                    kv_cache.dims[2]);
+  }
+  if (separate_kv && kv_cache.dims[2] <= 0) {
+    return Invalid("kv_cache", "dim 2 (num_kv_heads) must be positive", kv_cache.dims[2]);
   }
   const int64_t max_num_seqs = context_lens.dims[0];
   if (block_tables.dims[0] != max_num_seqs) {
@@ -106,7 +122,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.head_dim = head_dim;
   c.num_pages = kv_cache.dims[0];
   c.page_size = kv_cache.dims[1];
-  c.num_kv_heads = kv_cache.dims[2] / 2;
+  c.separate_kv = separate_kv;
+  c.num_kv_heads = separate_kv ? kv_cache.dims[2] : kv_cache.dims[2] / 2;
   c.max_num_seqs = max_num_seqs;
   c.pages_per_seq = block_tables.dims[1];
   c.sliding_window = call.attrs.sliding_window;

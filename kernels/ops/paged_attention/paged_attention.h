@@ -4,7 +4,8 @@
 //
 //   query           [num_tokens, num_q_heads, head_dim]                 float32/float16/bfloat16
 //   kv_cache        [num_pages, page_size, 2 * num_kv_heads, head_dim]  query's dtype or
-//                   float8_e4m3fn (K even, V odd; fp8 with an f32 query: host handler only)
+//                   float8_e4m3fn (K even, V odd; fp8 with an f32 query: host handler only);
+//                   with value_cache, K alone: [num_pages, page_size, num_kv_heads, head_dim]
 //   context_lens    int32 [max_num_seqs]
 //   block_tables    int32 [max_num_seqs, pages_per_seq]
 //   query_start_loc int32 [max_num_seqs + 1]
@@ -14,6 +15,7 @@
 //   k_scales        float32 [num_kv_heads] or [1], or [0] for none: key scales read at run time,
 //                   times k_scale (a tensor k_scale in the front ends)
 //   v_scales        float32 [num_kv_heads] or [1], or [0]: value scales, times v_scale
+//   value_cache     kv_cache's shape and dtype: V apart from K; or [0] (rank 1): interleaved
 //   out             [num_tokens, num_q_heads, head_dim]                 query's dtype
 //   lse             float32 [num_tokens, num_q_heads]: each row's log-sum-exp of its logits
 //                   (natural log, after scale, k_scale and soft cap, the sink included); -inf
@@ -51,12 +53,13 @@ struct PagedAttention {
     kNumSeqs,
     kSinks,
     kKScales,
-    kVScales
+    kVScales,
+    kValueCache
   };
-  static constexpr std::array<const char*, 9> kOperandNames = {
+  static constexpr std::array<const char*, 10> kOperandNames = {
       "query",    "kv_cache", "context_lens", "block_tables", "query_start_loc",
-      "num_seqs", "sinks",    "k_scales",     "v_scales"};
-  enum { kOut = 9, kLse = 10, kWorkspace = 11 };  // buffer indices: results follow the operands
+      "num_seqs", "sinks",    "k_scales",     "v_scales",     "value_cache"};
+  enum { kOut = 10, kLse = 11, kWorkspace = 12 };  // buffer indices: results follow the operands
   static constexpr std::array<const char*, 3> kResultNames = {"out", "lse", "workspace"};
   struct Attrs {
     float scale;

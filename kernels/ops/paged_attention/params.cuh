@@ -33,7 +33,14 @@ inline FastDivisor MakeFastDivisor(int32_t divisor) {
 
 struct PagedAttentionParams {
   const void* query;
-  const void* kv_cache;
+  const void* kv_cache;  // K (and V at + head_dim when interleaved)
+  // V's address minus K's, in elements: head_dim when interleaved, else value_cache - kv_cache
+  // (one 64-bit parameter read where a V row is addressed, not a second pointer in registers).
+  int64_t v_offset;
+  // Elements between consecutive cache slots and between KV heads, the same for K and V
+  // (PagedAttentionConfig::kv_slot_stride, kv_head_stride).
+  int64_t kv_slot_stride;
+  int kv_head_stride;
   const int32_t* context_lens;
   const int32_t* block_tables;
   const int32_t* query_start_loc;

@@ -33,6 +33,13 @@ struct PagedAttentionConfig {
   bool has_sinks;  // sinks is [num_q_heads], not [0]
   // Entries of k_scales / v_scales: 0 (none), 1 (one for every KV head) or num_kv_heads.
   int64_t k_scales_len, v_scales_len;
+  bool separate_kv;  // V in value_cache, kv_cache holding K alone; else interleaved in kv_cache
+
+  // Elements between a cache's consecutive slots (rows of a page) and between its KV heads; K of
+  // head h in slot s at kv_cache + s * slot_stride + h * head_stride, V likewise from value_cache,
+  // or from kv_cache + head_dim when interleaved.
+  int64_t kv_slot_stride() const { return (separate_kv ? 1 : 2) * num_kv_heads * head_dim; }
+  int64_t kv_head_stride() const { return (separate_kv ? 1 : 2) * head_dim; }
 };
 
 // Workspace (float32 elements), in this order:

@@ -89,7 +89,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // wgmma descriptors read; fp8 caches: a whole row of kD bytes per box, unswizzled, into the staging
 // buffer. Left with box_rows 0 (cp.async only) where the page size is not a multiple of 8 (the
 // swizzle repeats every 8 rows), neither divides nor is divided by the tile, the cache is not
-// 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is correct
+// 16-byte aligned or has more than INT32_MAX slots, K and V are in caches of their own (one map
+// spans the interleaved heads; not yet two maps), or the driver refuses: the kernel is correct
 // either way.
 template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
@@ -103,8 +104,9 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
+  const bool interleaved = params.kv_head_stride == 2 * kD;
   if (rows % 8 != 0 || !tiles_fit || address % 16 != 0 || params.num_pages <= 0 ||
-      slots > INT32_MAX || encode == nullptr) {
+      slots > INT32_MAX || encode == nullptr || !interleaved) {
     return kv_map;
   }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),

@@ -393,12 +393,12 @@ struct Sm90KeyWalk {
       : key(range.key_base + range.tile_begin * kN + t),
         page(t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1) {}
 
-  // This thread's key of the current tile: its cache offset (elements of one cache slot's row
-  // 2 Hkv x kD; -1: zero-fill) into `table_now`, and its slot returned (TMA's coordinate, 32-bit
+  // This thread's key of the current tile: its cache offset (slot x kv_slot_stride elements; -1:
+  // zero-fill) into `table_now`, and its slot returned (TMA's coordinate, 32-bit
   // only where the launcher made a tensor map, i.e. the cache has at most INT32_MAX slots). Then
   // on to the next tile.
   __device__ __forceinline__ int Next(const PagedAttentionParams& p, const KeyRange& range,
-                                      const int32_t* table, int64_t* table_now, int kd, int t) {
+                                      const int32_t* table, int64_t* table_now, int t) {
     if (t >= kN) return 0;
     int64_t offset = -1;
     int slot = -kN;
@@ -406,7 +406,7 @@ struct Sm90KeyWalk {
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot64 = static_cast<int64_t>(page) * p.page_size + in_page;
       slot = static_cast<int>(slot64);
-      offset = slot64 * (static_cast<int64_t>(2 * p.num_kv_heads) * kd);
+      offset = slot64 * p.kv_slot_stride;
     }
     table_now[t] = offset;
     key += kN;
@@ -443,8 +443,9 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   const int row0 = t / Cfg::kChunksPerRow;
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
-  // K of this kv head (V is + kD) in cache slot 0; slot s at + s * slot_stride elements.
-  const T* kv_head = static_cast<const T*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
+  // K and V of this kv head in cache slot 0; slot s at + s * kv_slot_stride elements.
+  const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride;
+  const T* k_head = static_cast<const T*>(p.kv_cache) + head_offset;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
   int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
   const uint32_t k_tiles = SharedAddress(smem + Cfg::kKOffset);
@@ -464,7 +465,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
                              v_tiles + stage * Cfg::kTileBytes, t, bars.VFull(stage));
       }
     } else {
-      Sm90IssueKvTile<T, kD>(kv_head + kD, slots + (prev % Cfg::kSlotBuffers) * kN,
+      Sm90IssueKvTile<T, kD>(k_head + p.v_offset, slots + (prev % Cfg::kSlotBuffers) * kN,
                              smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk);
     }
     CpAsyncArriveNoInc(bars.VFull(stage));
@@ -475,7 +476,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     int64_t* table_now = slots + (tile % Cfg::kSlotBuffers) * kN;
     const int key0 = range.key_base + (range.tile_begin + step) * kN;
     const bool tile_tma = tma && key0 + kN <= range.key_end;  // every key before the end
-    const int slot = walk.Next(p, range, table, table_now, kD, t);
+    const int slot = walk.Next(p, range, table, table_now, t);
     NamedBarrierSync(kSm90ProducerBarrier, 128);
     const int stage = tile % Cfg::kKStages;
     const uint32_t phase = (tile / Cfg::kKStages) & 1;
@@ -486,7 +487,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
                              bars.KFull(stage));
       }
     } else {
-      Sm90IssueKvTile<T, kD>(kv_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
+      Sm90IssueKvTile<T, kD>(k_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
                              row0, chunk);
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
@@ -518,8 +519,8 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
-  const uint8_t* kv_head =
-      static_cast<const uint8_t*>(p.kv_cache) + static_cast<int64_t>(2 * w.kv_head) * kD;
+  const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride;
+  const uint8_t* k_head = static_cast<const uint8_t*>(p.kv_cache) + head_offset;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;
   int64_t* slots = reinterpret_cast<int64_t*>(smem + Cfg::kSlotOffset);
   unsigned char* staging = smem + Cfg::kStagingOffset;  // K bytes, then V bytes
@@ -535,7 +536,7 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
   };
   auto look_up = [&](int step, int tile) {
     const int key0 = range.key_base + (range.tile_begin + step) * kN;
-    const int slot = walk.Next(p, range, table, slots + (tile % Cfg::kSlotBuffers) * kN, kD, t);
+    const int slot = walk.Next(p, range, table, slots + (tile % Cfg::kSlotBuffers) * kN, t);
     return Load{slot, tma && key0 + kN <= range.key_end};  // TMA: every key before the end
   };
   // K (which = 0) or V (1) bytes of block tile `tile` into staging buffer `which`.
@@ -548,7 +549,7 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
                                   t, full);
       }
     } else {
-      Sm90IssueStagingTile<kD>(kv_head + which * kD, slots + (tile % Cfg::kSlotBuffers) * kN,
+      Sm90IssueStagingTile<kD>(k_head + which * p.v_offset, slots + (tile % Cfg::kSlotBuffers) * kN,
                                buffer, t);
     }
     CpAsyncArriveNoInc(full);

@@ -444,10 +444,11 @@ struct KvTileLoader {
   __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w, int key0,
                                         int key_end, T* s_k, T* s_v) {
     const T* kv = static_cast<const T*>(p.kv_cache);
-    const int64_t slot_stride = static_cast<int64_t>(2 * p.num_kv_heads) * kD;
+    const int64_t slot_stride = p.kv_slot_stride;
     const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
     const int col = (static_cast<int>(threadIdx.x) % kChunksPerRow) * kChunk;
-    const T* head_base = kv + static_cast<int64_t>(2 * w.kv_head) * kD + col;
+    const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride + col;
+    const T* k_head = kv + head_offset;
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
       const int key_local = key_local0 + i * kKeyStride;
@@ -457,14 +458,15 @@ struct KvTileLoader {
       const bool valid = key < key_end && in_range;  // never read outside the cache
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
-      const T* src_k = valid ? head_base + slot * slot_stride : kv;
+      const T* src_k = valid ? k_head + slot * slot_stride : kv;
+      const T* src_v = valid ? src_k + p.v_offset : kv;
       const int dst = Dst(key_local, col);
       if constexpr (kEvictFirst) {
         CpAsync16(s_k + dst, src_k, valid ? 16 : 0, policy);
-        CpAsync16(s_v + dst, valid ? src_k + kD : kv, valid ? 16 : 0, policy);
+        CpAsync16(s_v + dst, src_v, valid ? 16 : 0, policy);
       } else {
         CpAsync16(s_k + dst, src_k, valid ? 16 : 0);
-        CpAsync16(s_v + dst, valid ? src_k + kD : kv, valid ? 16 : 0);
+        CpAsync16(s_v + dst, src_v, valid ? 16 : 0);
       }
     }
   }

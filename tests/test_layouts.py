@@ -1,0 +1,132 @@
+"""paged_attention over K and V in caches of their own (`value_cache`): the [P, page_size, Hkv, D]
+(NHD) layout of vLLM's FlashAttention and FlashInfer backends (`cache.unbind(0)` of
+[2, P, page_size, Hkv, D]), FlashInfer's xqa and transformers' paged cache, read in place. Checked
+against the interleaved call on the same values, on every kernel path where there is a GPU
+(decode, mma.sync and sm_90a prefill, f32, fp8) and on the CPU routes here; bad pairs of caches
+are refused naming value_cache."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from paged_inputs import DECODE, MIXED, PREFILL, fresh_seed, make_paged_inputs, rel_l2
+
+import xla_gpu_ops
+from xla_gpu_ops import _library
+
+pytestmark = [
+    pytest.mark.kernels,
+    pytest.mark.skipif(not _library.is_built(), reason="libxla_gpu_ops.so is not built"),
+]
+OPERANDS = ("query", "kv_cache", "context_lens", "block_tables", "query_start_loc", "num_seqs")
+HQ, HKV, D, PAGE = 8, 2, 64, 16
+SCALE = 1.0 / math.sqrt(D)
+BATCHES = {"decode": DECODE, "prefill": PREFILL, "mixed": MIXED}
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def split(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The interleaved cache's K and V as two caches [P, page, Hkv, D]; vLLM's layout: one
+    [2, P, page, Hkv, D] tensor, unbound (each half contiguous, no copy when read)."""
+    both = torch.stack([kv_cache[:, :, 0::2], kv_cache[:, :, 1::2]]).contiguous()
+    key_cache, value_cache = both.unbind(0)
+    assert key_cache.is_contiguous()
+    assert value_cache.is_contiguous()
+    return key_cache, value_cache
+
+
+def attend(data: dict, **kwargs):
+    return xla_gpu_ops.paged_attention(*[data[n] for n in OPERANDS], scale=SCALE, **kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_separate_caches_equal_the_interleaved_one(batch, dtype, device):
+    seed = fresh_seed()
+    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, dtype, seed, pad_tokens=2)
+    data = {n: data[n].to(device) for n in OPERANDS}
+    attrs = {"sliding_window": 40, "soft_cap": 20.0}
+    expected, expected_lse = attend(data, **attrs, return_lse=True)
+    key_cache, value_cache = split(data["kv_cache"])
+    out, lse = attend(
+        {**data, "kv_cache": key_cache}, value_cache=value_cache, **attrs, return_lse=True
+    )
+    # the same values in the same order of sums: equal, not merely close
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+    assert torch.equal(lse.isinf(), expected_lse.isinf())
+    finite = expected_lse.isfinite()
+    assert (lse[finite] - expected_lse[finite]).abs().max().item() < 1e-5
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_separate_fp8_caches_equal_the_interleaved_one_on_cuda(batch):
+    seed = fresh_seed()
+    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, torch.bfloat16, seed)
+    data = {n: data[n].cuda() for n in OPERANDS}
+    data["kv_cache"] = (data["kv_cache"] * 8).to(torch.float8_e4m3fn)
+    scales = {"k_scale": 0.125, "v_scale": 0.125}
+    expected = attend(data, **scales)
+    key_cache, value_cache = split(data["kv_cache"])
+    out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache, **scales)
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
+def test_transformers_paged_cache_is_read_in_place():
+    """transformers keeps per layer K and V of [(blocks + 2) * block_size, Hkv, D]: a view as
+    [blocks + 2, block_size, Hkv, D] is the K and V cache pair."""
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, seed)
+    key_rows, value_rows = (c.reshape(-1, HKV, D).clone() for c in split(data["kv_cache"]))
+    key_cache = key_rows.view(-1, PAGE, HKV, D)
+    value_cache = value_rows.view(-1, PAGE, HKV, D)
+    assert key_cache.data_ptr() == key_rows.data_ptr()
+    out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache)
+    assert rel_l2(out, attend(data)) < 1e-6, f"seed {seed}"
+
+
+def test_jax_host_handler_reads_separate_caches():
+    import xla_gpu_ops.jax as xjax
+
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, seed, sinks=True)
+    sinks = data.pop("sinks")
+    key_cache, value_cache = split(data["kv_cache"])
+    arrays = [np.asarray(data[n]) for n in OPERANDS]
+    arrays[1] = np.asarray(key_cache)
+    out = xjax.paged_attention(
+        *arrays, scale=SCALE, sinks=np.asarray(sinks), value_cache=np.asarray(value_cache)
+    )
+    expected = attend(data, sinks=sinks)
+    assert rel_l2(torch.from_numpy(np.array(out)), expected) < 1e-5, f"seed {seed}"
+
+
+def test_mismatched_caches_name_value_cache():
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, 0)
+    key_cache, value_cache = split(data["kv_cache"])
+    keys = {**data, "kv_cache": key_cache}
+    with pytest.raises(ValueError, match=r"value_cache: shape .* differs from the K cache's"):
+        attend(keys, value_cache=value_cache[:, :8])
+    with pytest.raises(TypeError, match=r"value_cache: dtype float16 differs from kv_cache's"):
+        attend(keys, value_cache=value_cache.half())
+    with pytest.raises(ValueError, match=r"value_cache: expected rank 4"):
+        attend(keys, value_cache=value_cache[0])
+    # K alone without its value_cache: an odd head count cannot be interleaved K and V
+    with pytest.raises(ValueError, match=r"kv_cache: dim 2 .* give value_cache"):
+        attend({**data, "kv_cache": key_cache[:, :, :1]})
+
+
+def test_the_sharding_wrappers_refuse_separate_caches_by_name():
+    from xla_gpu_ops import head_sharding, ops
+
+    shapes = [(10, 8, 64), (7, 16, 2, 64), (3,), (3, 4), (4,), (1,), (0,), (0,), (0,)]
+    with pytest.raises(ValueError, match=r"value_cache: the sharding wrappers split the interleav"):
+        head_sharding.check_split(ops.PAGED_ATTENTION, [*shapes, (7, 16, 2, 64)], 2, "x")
+    head_sharding.check_split(
+        ops.PAGED_ATTENTION, [*shapes[:1], (7, 16, 4, 64), *shapes[2:], (0,)], 2, "x"
+    )

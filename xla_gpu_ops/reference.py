@@ -128,6 +128,14 @@ def per_kv_head(
     return out
 
 
+def per_combined_head(k_scales, k_scale, v_scales, v_scale, num_kv_heads: int, device):
+    """[2 * Hkv] float32: the K and V scale of each head of an interleaved cache row (K at even,
+    V at odd heads), as per_kv_head makes them."""
+    k = per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)
+    v = per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, device)
+    return torch.stack([k, v], dim=1).reshape(-1)
+
+
 def per_q_head(scales, scale, num_kv_heads: int, group: int, dtype, device) -> torch.Tensor:
     """[Hq]: per_kv_head's scale of each query head's KV head."""
     return per_kv_head(scales, scale, num_kv_heads, dtype, device).repeat_interleave(group)
@@ -157,10 +165,9 @@ def kv_cache_update(
     < num_pages * page_size (the library's check_host_values).
     """
     rows = kv_cache.view(-1, *kv_cache.shape[2:])
-    num_kv_heads = new_kv.shape[1] // 2
-    scales = torch.empty(new_kv.shape[1], dtype=torch.float32, device=new_kv.device)
-    scales[0::2] = per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, new_kv.device)
-    scales[1::2] = per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, new_kv.device)
+    scales = per_combined_head(
+        k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
+    )
     scaled = new_kv.float() / scales[None, :, None]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scaled = scaled.clamp(-FP8_MAX, FP8_MAX)

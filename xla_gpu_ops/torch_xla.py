@@ -293,10 +293,9 @@ def kv_cache_update_composite(
         )
     if slot_mapping.shape[0] == 0:  # an empty batch (a static shape): nothing to write
         return kv_cache.clone()
-    num_kv_heads, device = new_kv.shape[1] // 2, new_kv.device
-    k = reference.per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)
-    v = reference.per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, device)
-    scales = torch.stack([k, v], dim=1).reshape(-1)  # K, V of head 0, then of head 1, ...
+    scales = reference.per_combined_head(
+        k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
+    )
     scaled = new_kv.float() / scales[None, :, None]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scaled = scaled.clamp(-reference.FP8_MAX, reference.FP8_MAX)

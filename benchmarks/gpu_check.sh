@@ -70,8 +70,10 @@ SANITIZED+=" or (fp8_cache_prefill_tile_edges and 64 and 12) or (fp8_cache_short
 SANITIZED+=" or (head_dim_256_tiles and 12-4) or head_dim_256_bad_page"  # 32-key D = 256 decode tiles
 # the KV-cache write kernel (with a slot past the cache) and the scales, from the serving tests
 SANITIZED_SERVING="cuda_cache_write or cuda_attention_scales"
-# every kernel path's LSE and the split-keys merge; scales read as tensors
-SANITIZED_OUTPUTS=(tests/test_paged_attention_lse.py tests/test_scales.py -k cuda)
+# every kernel path's LSE and the split-keys merge; scales read as tensors; separate K and V
+# caches; each op of the table on CUDA (torch and the JAX handlers), rms_norm and the merge
+SANITIZED_OUTPUTS=(tests/test_paged_attention_lse.py tests/test_scales.py tests/test_layouts.py
+  tests/test_every_op.py tests/test_rms_norm.py tests/test_merge_attention_states.py -k cuda)
 summary=()
 for step in "${steps[@]}"; do
   case $step in
@@ -94,7 +96,7 @@ for step in "${steps[@]}"; do
           "${PYTEST[@]}" tests/test_kernels_cuda.py -k "$SANITIZED" > "$out/sanitizer-$1.txt" 2>&1 || rc=1
         timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
           "${PYTEST[@]}" tests/test_serving.py -k "$SANITIZED_SERVING" >> "$out/sanitizer-$1.txt" 2>&1 || rc=1
-        timeout 150 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+        timeout 240 compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
           "${PYTEST[@]}" "${SANITIZED_OUTPUTS[@]}" >> "$out/sanitizer-$1.txt" 2>&1 || rc=1
         return $rc
       }

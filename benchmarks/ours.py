@@ -61,9 +61,11 @@ def op_paged_attention(
     sinks=None,
     k_scales=None,
     v_scales=None,
+    value_cache=None,
 ):
     """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel);
-    k_scales / v_scales: the scale tensors (probe scales)."""
+    k_scales / v_scales: the scale tensors (probe scales); value_cache: V in a cache of its own,
+    kv_cache then holds K (probe layouts)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
@@ -85,6 +87,8 @@ def op_paged_attention(
         if k_scales is None and v_scales is None
         else {"k_scales": k_scales, "v_scales": v_scales}
     )
+    if value_cache is not None:
+        tensors["value_cache"] = value_cache
     return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks, **tensors)[0]
 
 

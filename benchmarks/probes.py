@@ -27,6 +27,10 @@ sinks: our op with attention sinks against the same call without, on the anchor 
 B32 x 4k, B1 x 64k; prefill B8 x 2k, B1 x 8k; the mixed batch) and gpt-oss-shaped ones (Hq 64 /
 Hkv 8, D 64, sliding window 128 and full): each pair timed in alternation, twice, with the ratio
 (the target: <= 1.03) and the relative L2 error of the sinks output against a float32 reference.
+layouts: separate K and V caches (vLLM's `cache.unbind(0)` views of [2, P, page, Hkv, D]) against
+the interleaved cache with the same values, on README's decode and prefill rows, the mixed batch
+and gpt-oss's decode: timed in alternation, twice; ratio = the slower separate time / the slower
+interleaved time (target <= 1.03), and the largest difference of the outputs.
 rms_norm [--shapes NxH ...]: our rms_norm (bf16) beside torch.nn.functional.rms_norm eager and
 under torch.compile (on a GPU), each timed twice on two input copies; the bytes floor is read x and
 weight + write out at the copy bandwidth measured first (target: >= 0.85 of it at N x H >= 8k x
@@ -432,6 +436,65 @@ def probe_scales() -> None:
         del copies, floats, tensors
 
 
+# ------------------------------------------------------------------------------ layouts
+def layouts_rows() -> list[Case]:
+    """README's decode and prefill rows, the mixed batch and gpt-oss's decode."""
+    return [
+        decode_case(32, 4096, (32, 8)),
+        decode_case(128, 1024, (32, 8)),
+        decode_case(1, 65536, (32, 8)),
+        decode_case(32, 4096, (64, 8), head_dim=64),
+        prefill_case(8, 2048),
+        prefill_case(1, 8192),
+        prefill_case(8, 2048, 64),
+        mixed_case(),
+    ]
+
+
+def split_cache(kv_cache):
+    """(K, V) views of one [2, P, page, Hkv, D] tensor holding an interleaved cache's values:
+    vLLM's FlashAttention layout, `cache.unbind(0)`."""
+    import torch
+
+    return torch.stack((kv_cache[:, :, 0::2], kv_cache[:, :, 1::2])).unbind(0)
+
+
+def probe_layouts() -> None:
+    """Separate K and V caches (vLLM's `cache.unbind(0)` views) against the interleaved cache
+    holding the same values: timed in alternation, twice; ratio = the slower separate time / the
+    slower interleaved time (target <= 1.03), and the largest difference of the outputs."""
+    import torch
+
+    print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
+    print(
+        f"{'case':52s} {'one µs':>9s} {'two µs':>9s} {'again':>9s} {'again':>9s}  ratio  "
+        "max |diff|",
+        flush=True,
+    )
+    for case in layouts_rows():
+        copies = _copies(case)
+        interleaved = _calls(case, copies)
+        separate = []
+        for c in copies:
+            keys, values = split_cache(c["kv_cache"])
+            operands = [keys if n == "kv_cache" else c[n] for n in OPERANDS]
+            separate.append(
+                functools.partial(
+                    ours.op_paged_attention, *operands, scale=scale_of(case), value_cache=values
+                )
+            )
+        times = [_us(calls) for calls in (interleaved, separate, interleaved, separate)]
+        ratio = max(times[1], times[3]) / max(times[0], times[2])
+        diff = (separate[0]().float() - interleaved[0]().float()).abs().max().item()
+        print(
+            f"{case.name:52s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f}  "
+            f"{ratio:.3f}  {diff:.1e}",
+            flush=True,
+        )
+        del copies, interleaved, separate
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------ rms_norm
 RMS_NORM_SHAPES = ((8192, 4096), (16384, 4096), (4096, 8192), (32768, 8192))  # N x H
 
@@ -505,6 +568,7 @@ def main(argv: list[str]) -> int:
     sub.add_parser("sinks", help="the cost of attention sinks on the anchor and gpt-oss rows")
     sub.add_parser("fp8", help="an fp8 cache against a 16-bit one: prefill, mixed, decode")
     sub.add_parser("scales", help="k_scale / v_scale as tensors per KV head against floats")
+    sub.add_parser("layouts", help="separate K and V caches against the interleaved cache")
     rms = sub.add_parser("rms_norm", help="rms_norm beside torch's, eager and compiled")
     rms.add_argument("--shapes", nargs="*", default=[], help="N x H, e.g. 8192x4096")
     prefill = sub.add_parser("prefill", help="the sm_90a kernel, mma.sync and SDPA")
@@ -522,6 +586,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.probe == "scales":
         probe_scales()
+        return 0
+    if args.probe == "layouts":
+        probe_layouts()
         return 0
     if args.probe == "rms_norm":
         shapes = [tuple(int(d) for d in shape.split("x")) for shape in args.shapes]

@@ -37,8 +37,10 @@ def sample(op: ops.Op, device: str = "cpu") -> tuple[list[torch.Tensor], dict]:
 
 
 def outputs(op: ops.Op, returned, operands: list) -> list:
-    """What a call produced: the operands written in place, then what it returned."""
-    written = [operands[i] for i in op.aliases.values()]
+    """What a call produced: the operands written in place (not an optional one left out),
+    then what it returned."""
+    given = op.given_returns(operands)
+    written = [operands[i] for j, i in op.aliases.items() if j in given]
     if returned is None:
         return written
     return written + (list(returned) if isinstance(returned, tuple) else [returned])

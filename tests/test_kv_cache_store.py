@@ -75,7 +75,11 @@ def test_arguments_are_keyword_only():
             r"value: shape \(2, 1, 4\) differs from key's",
         ),
         ({"value": torch.zeros(2, 1, 8).half()}, TypeError, "value: dtype float16 differs"),
-        ({"kv_cache": torch.zeros(1, 4, 4, 8)}, ValueError, r"kv_cache: shape \(1, 4, 4, 8\)"),
+        (
+            {"kv_cache": torch.zeros(1, 4, 4, 8)},
+            ValueError,
+            r"key: rows of shape \(1, 8\) do not match kv_cache \(1, 4, 4, 8\)",
+        ),
         (
             {"slot_mapping": torch.tensor([0, 9])},
             ValueError,

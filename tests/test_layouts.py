@@ -1,4 +1,5 @@
-"""paged_attention over K and V in caches of their own (`value_cache`): the [P, page_size, Hkv, D]
+"""paged_attention over K and V in caches of their own (`value_cache`), and the cache writes into
+them (kv_cache_store, kv_cache_update): the [P, page_size, Hkv, D]
 (NHD) layout of vLLM's FlashAttention and FlashInfer backends (`cache.unbind(0)` of
 [2, P, page_size, Hkv, D]), FlashInfer's xqa and transformers' paged cache, read in place. Checked
 against the interleaved call on the same values, on every kernel path where there is a GPU
@@ -75,6 +76,99 @@ def test_separate_fp8_caches_equal_the_interleaved_one_on_cuda(batch):
     key_cache, value_cache = split(data["kv_cache"])
     out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache, **scales)
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
+def _new_rows(device, dtype, seed: int, tokens: int = 11):
+    """K and V rows of `tokens` new tokens [N, Hkv, D] and their slots (one padding, int64)."""
+    gen = torch.Generator().manual_seed(seed)
+    key, value = (torch.randn(tokens, HKV, D, generator=gen).to(dtype) for _ in range(2))
+    slots = torch.randperm(9 * PAGE, generator=gen)[:tokens]
+    slots[3] = -1
+    return key.to(device), value.to(device), slots.to(device)
+
+
+WRITE_CASES = {  # cache dtype, k_scale, v_scale (a tensor: per KV head)
+    "bf16": (torch.bfloat16, None, None),
+    "f32-scales": (torch.float32, 0.5, torch.tensor([2.0, 0.25])),
+    "fp8-scales": (torch.float8_e4m3fn, torch.tensor([0.02, 0.05]), 0.03),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+@pytest.mark.parametrize("case", list(WRITE_CASES))
+@pytest.mark.parametrize("op", ["kv_cache_store", "kv_cache_update"])
+def test_writes_into_separate_caches_equal_the_interleaved_write(op, case, device):
+    """kv_cache_store (vLLM's reshape_and_cache_flash into key_cache, value_cache) and
+    kv_cache_update with value_cache write what the interleaved write writes, byte for byte,
+    and leave every other row alone."""
+    cache_dtype, k_scale, v_scale = WRITE_CASES[case]
+    seed = fresh_seed()
+    dtype = torch.bfloat16 if cache_dtype == torch.float8_e4m3fn else cache_dtype
+    key, value, slots = _new_rows(device, dtype, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    interleaved = torch.randn(10, PAGE, 2 * HKV, D, generator=gen).to(cache_dtype).to(device)
+    key_cache, value_cache = (c.clone() for c in split(interleaved))
+    scales = {
+        "k_scale": k_scale if not torch.is_tensor(k_scale) else k_scale.to(device),
+        "v_scale": v_scale if not torch.is_tensor(v_scale) else v_scale.to(device),
+    }
+    rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
+    if op == "kv_cache_store":
+        write = xla_gpu_ops.kv_cache_store
+        write(key=key, value=value, slot_mapping=slots, kv_cache=interleaved, **scales)
+        write(
+            key=key,
+            value=value,
+            slot_mapping=slots,
+            kv_cache=key_cache,
+            value_cache=value_cache,
+            **scales,
+        )
+    else:
+        xla_gpu_ops.kv_cache_update(rows, slots, interleaved, **scales)
+        xla_gpu_ops.kv_cache_update(rows, slots, key_cache, value_cache=value_cache, **scales)
+    expected_k, expected_v = split(interleaved)
+    as_bytes = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+    assert torch.equal(as_bytes(key_cache), as_bytes(expected_k)), f"seed {seed}"
+    assert torch.equal(as_bytes(value_cache), as_bytes(expected_v)), f"seed {seed}"
+
+
+def test_jax_host_handler_writes_separate_caches():
+    """The XLA:CPU handler returns both caches, aliasing them; kv_cache alone without value_cache."""
+    import jax.numpy as jnp
+
+    import xla_gpu_ops.jax as xjax
+
+    seed = fresh_seed()
+    key, value, slots = _new_rows("cpu", torch.float32, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    interleaved = torch.randn(10, PAGE, 2 * HKV, D, generator=gen)
+    key_cache, value_cache = split(interleaved)
+    store = dict(key=jnp.asarray(key), value=jnp.asarray(value), slot_mapping=jnp.asarray(slots))
+    new_k, new_v = xjax.kv_cache_store(
+        **store, kv_cache=jnp.asarray(key_cache), value_cache=jnp.asarray(value_cache)
+    )
+    one = xjax.kv_cache_store(**store, kv_cache=jnp.asarray(interleaved))
+    xla_gpu_ops.kv_cache_store(key=key, value=value, slot_mapping=slots, kv_cache=interleaved)
+    expected_k, expected_v = split(interleaved)
+    assert np.array_equal(np.asarray(one), interleaved.numpy())
+    assert np.array_equal(np.asarray(new_k), expected_k.numpy()), f"seed {seed}"
+    assert np.array_equal(np.asarray(new_v), expected_v.numpy()), f"seed {seed}"
+
+
+def test_mismatched_write_caches_name_value_cache():
+    key, value, slots = _new_rows("cpu", torch.float32, 0)
+    key_cache = torch.zeros(10, PAGE, HKV, D)
+    write = dict(key=key, value=value, slot_mapping=slots, kv_cache=key_cache)
+    with pytest.raises(ValueError, match=r"kv_cache_store: value_cache: shape .* differs from"):
+        xla_gpu_ops.kv_cache_store(**write, value_cache=torch.zeros(10, PAGE, HKV, D // 2))
+    with pytest.raises(TypeError, match=r"kv_cache_store: value_cache: dtype float16 differs"):
+        xla_gpu_ops.kv_cache_store(**write, value_cache=key_cache.half())
+    # K alone without its value_cache: the interleaved cache would need 2 * Hkv heads
+    with pytest.raises(ValueError, match=r"kv_cache_store: key: rows of shape \(2, 64\) do not"):
+        xla_gpu_ops.kv_cache_store(**write)
+    with pytest.raises(ValueError, match=r"kv_cache_store: kv_cache: dim 2 .* give value_cache"):
+        xla_gpu_ops.kv_cache_store(**write | {"kv_cache": torch.zeros(10, PAGE, 3, D)})
 
 
 def test_transformers_paged_cache_is_read_in_place():

@@ -88,13 +88,16 @@ def test_schema():
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
     # in place: the operand is marked mutable and not returned; the functional twin returns it
+    # (an optional one too, with an alias set of its own)
     assert ops.KV_CACHE_UPDATE.schema() == (
         "(Tensor new_kv, Tensor slot_mapping, Tensor(a!) kv_cache, float? k_scale=None, "
-        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None) -> ()"
+        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None, "
+        "Tensor(b!)? value_cache=None) -> ()"
     )
     assert ops.KV_CACHE_UPDATE.functional_schema() == (
         "(Tensor new_kv, Tensor slot_mapping, Tensor kv_cache, float? k_scale=None, "
-        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None) -> Tensor"
+        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None, "
+        "Tensor? value_cache=None) -> (Tensor, Tensor)"
     )
 
 

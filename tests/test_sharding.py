@@ -179,16 +179,18 @@ def test_partition_entries():
         (None, None, "heads", None),
         (None,),  # k_scales, v_scales: replicated
         (None,),
+        (None, None, None, None),  # value_cache: refused by check_split when given
     ]
-    assert KV_CACHE_UPDATE.returned_like == ("kv_cache",)
-    assert head_sharding.result_entries(KV_CACHE_UPDATE, [4], "heads") == [
-        (None, None, "heads", None)
+    assert KV_CACHE_UPDATE.returned_like == ("kv_cache", "value_cache")
+    assert head_sharding.result_entries(KV_CACHE_UPDATE, [4, 4], "heads") == [
+        (None, None, "heads", None),
+        (None, None, None, None),
     ]
 
 
 def test_cache_write_split_checks_new_kv_against_the_cache():
     def cache_shapes(new_kv_heads: int, cache_heads: int):
-        return [(40, new_kv_heads, 64), (40,), (7, 16, cache_heads, 64), (0,), (0,)]
+        return [(40, new_kv_heads, 64), (40,), (7, 16, cache_heads, 64), (0,), (0,), (0,)]
 
     head_sharding.check_split(KV_CACHE_UPDATE, cache_shapes(8, 8), 4, "x")  # 4 KV heads, 4 ways
     with pytest.raises(

@@ -92,7 +92,11 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     (`jax.jit(..., donate_argnums=...)`) and XLA updates it without a copy."""
     if abi not in ABIS:
         raise ValueError(f"{op.name}: abi: must be one of {ABIS}, got {abi!r}")
-    operands = present(convert(op, op.complete(operands)))
+    operands = convert(op, op.complete(operands))
+    # An in-place result whose optional operand is left out is not aliased: aliasing the
+    # program-made stand-in would cost XLA a copy of it.
+    aliases = {op.aliases[r]: r for r in op.given_returns(operands) if r in op.aliases}
+    operands = present(operands)
     shapes = [np.shape(x) for x in operands]
     # Checked with the caller's dtypes first: jnp.asarray would silently turn int64 into int32
     # (without x64) and hide a caller's mistake where an operand must be int32.
@@ -107,7 +111,6 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     encoded = op.encode_attrs(attrs)
     # Scratch space of the CUDA kernels is an extra output: the handlers never allocate.
     result_types = [jax.ShapeDtypeStruct(r.shape, jnp.dtype(r.dtype)) for r in results]
-    aliases = {operand: result for result, operand in op.aliases.items()}
     if abi == "ffi":
         typed = {
             a.name: np.float32(v) if a.kind is float else np.int64(v)

@@ -65,7 +65,7 @@ def _define(op: ops.Op) -> None:
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
         for i in op.aliases.values():
-            if not operands[i].is_contiguous():
+            if operands[i] is not None and not operands[i].is_contiguous():
                 raise ValueError(
                     f"{op.name}: {op.operands[i].name}: must be contiguous (it is updated in place)"
                 )
@@ -106,20 +106,31 @@ def _define_functional(op: ops.Op) -> None:
     reference_of_op = reference.of(op)
     written = tuple(op.aliases.values())
 
+    def results(operands, make):
+        """make(operand) per in-place result; an optional operand left out gets the empty
+        float32 [0] that stands for it (what the library returns there)."""
+        outs = [
+            operands[0].new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE))
+            if operands[op.aliases[j]] is None
+            else make(operands[op.aliases[j]])
+            for j in range(op.returned)
+        ]
+        return outs[0] if op.returned == 1 else tuple(outs)
+
     def cpu_kernel(*args):
         operands, attrs = op.split_schema_args(args)
-        operands = [t.clone() if i in written else t for i, t in enumerate(operands)]
+        operands = [
+            t.clone() if i in written and t is not None else t for i, t in enumerate(operands)
+        ]
         _check_host_values(op, operands, attrs)
         required, optional = op.split_optional(operands)
         reference_of_op(*required, **attrs, **optional)
-        outs = [operands[op.aliases[j]] for j in range(op.returned)]
-        return outs[0] if op.returned == 1 else tuple(outs)
+        return results(operands, lambda t: t)
 
     def fake_kernel(*args):
         operands, attrs = op.split_schema_args(args)
         _static_checks(op, operands, attrs)
-        outs = [torch.empty_like(operands[op.aliases[j]]) for j in range(op.returned)]
-        return outs[0] if op.returned == 1 else tuple(outs)
+        return results(operands, torch.empty_like)
 
     _LIBRARY.impl(name, cpu_kernel, "CPU")
     _LIBRARY.impl(name, _torch_cuda.make_kernel(op, functional=True), "CUDA")
@@ -148,6 +159,8 @@ def _functionalize_kernel(op: ops.Op):
             outs = functional(*op.schema_args(inner, attrs))
         outs = list(outs) if isinstance(outs, tuple) else [outs]
         for result, operand in op.aliases.items():
+            if operands[operand] is None:  # an optional operand left out: nothing to update
+                continue
             torch._functionalize_replace(operands[operand], outs[result])
             torch._functionalize_commit_update(operands[operand])
         # in-place results became the operands' values above; the rest are returned, wrapped

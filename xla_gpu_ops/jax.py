@@ -40,8 +40,14 @@ NOTE = (
 
 
 def _forward(op: ops.Op) -> Callable[..., Any]:
+    if not any(op.operands[i].optional for i in op.aliases.values()):
+        return lambda operands, attrs, abi="ffi": call(op, operands, attrs, abi)
+
     def forward(operands: list, attrs: dict, abi: str = "ffi") -> Any:
-        return call(op, operands, attrs, abi)
+        # the results written into an optional operand left out are not returned
+        outs = call(op, operands, attrs, abi)
+        given = op.given_returns(op.complete(operands))
+        return outs[given[0]] if len(given) == 1 else tuple(outs[i] for i in given)
 
     return forward
 

@@ -27,6 +27,11 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 REQUIRED = inspect.Parameter.empty
 
 
+def is_absent(value: Any) -> bool:
+    """True for an optional operand left out: None, or the empty [0] array that stands for it."""
+    return value is None or tuple(getattr(value, "shape", ())) == (0,)
+
+
 @dataclass(frozen=True)
 class Operand:
     name: str
@@ -227,6 +232,16 @@ class Op:
             return lambda outs: outs[index]
         return lambda outs: tuple(outs[i] for i in keep)
 
+    def given_returns(self, operands: Sequence[Any]) -> tuple[int, ...]:
+        """Indices of the returned results a call gives back (operands in table order): all but
+        those written in place into an optional operand left out (is_absent), e.g. kv_cache_update's
+        value_cache when K and V share one interleaved cache."""
+        return tuple(
+            i
+            for i in range(self.returned)
+            if i not in self.aliases or not is_absent(operands[self.aliases[i]])
+        )
+
     @property
     def torch_returns(self) -> tuple[int, ...]:
         """Indices of the results the torch op returns: the outputs that are not in place."""
@@ -249,15 +264,20 @@ class Op:
         return self._schema(mutable=True, returns=len(self.torch_returns))
 
     def _schema(self, mutable: bool, returns: int) -> str:
-        written = self.mutated if mutable else ()
+        # one alias set per operand written in place: (a!), (b!), ...
+        written = {name: f"({chr(ord('a') + i)}!)" for i, name in enumerate(self.mutated)}
+        if not mutable:
+            written = {}
         params = [
-            f"Tensor{'(a!)' if o.name in written else ''} {o.name}"
-            for o in self.operands[: self.num_required]
+            f"Tensor{written.get(o.name, '')} {o.name}" for o in self.operands[: self.num_required]
         ]
         for a in self.attrs:
             default = "" if a.default is REQUIRED else f"={a.default!r}"
             params.append(f"{a.schema_type} {a.name}{default}")
-        params += [f"Tensor? {o.name}=None" for o in self.operands[self.num_required :]]
+        params += [
+            f"Tensor{written.get(o.name, '')}? {o.name}=None"
+            for o in self.operands[self.num_required :]
+        ]
         result = "Tensor" if returns == 1 else f"({', '.join(['Tensor'] * returns)})"
         return f"({', '.join(params)}) -> {result}"
 
@@ -693,7 +713,8 @@ dequantisation scales are k_scale and v_scale. Sinks are not scaled and not capp
 
 
 def _kv_cache_update_sample(zeros: bool) -> dict[str, np.ndarray]:
-    """6 new rows (one padding slot) for a cache of 4 pages of 8 rows, Hkv=2, head_dim=64."""
+    """6 new rows (one padding slot) for an interleaved cache of 4 pages of 8 rows, Hkv=2,
+    head_dim=64 (kv_cache_store's sample writes into separate K and V caches)."""
     num_pages, page_size, combined_heads, head_dim, num_tokens = 4, 8, 4, 64, 6
     arrays = [
         np.zeros((num_tokens, combined_heads, head_dim), np.float32),
@@ -706,11 +727,22 @@ def _kv_cache_update_sample(zeros: bool) -> dict[str, np.ndarray]:
         new_kv[...] = rng.standard_normal(new_kv.shape, np.float32)
         kv_cache[...] = rng.standard_normal(kv_cache.shape, np.float32)
         slot_mapping[...] = [3, 17, -1, 8, 31, 0]
-    absent = [np.zeros((0,), np.float32) for _ in range(2)]  # k_scales, v_scales: [0], none
+    absent = [np.zeros((0,), np.float32) for _ in range(3)]  # k/v_scales, value_cache: none
     sample = dict(zip(KV_CACHE_UPDATE.operand_names, arrays + absent, strict=True))
     if not zeros:
         sample.update(_scales_sample(np.random.default_rng(1), combined_heads // 2))
     return sample
+
+
+def _value_cache_written(cache: str) -> Operand:
+    return Operand(
+        "value_cache",
+        4,
+        "kv_cache's",
+        f"[P, page_size, Hkv, D]: V's cache, apart from K ({cache} then holds K alone, the same "
+        "shape: vLLM's key_cache, value_cache); updated in place; None: V interleaved in kv_cache",
+        optional=True,
+    )
 
 
 KV_CACHE_UPDATE = Op(
@@ -724,32 +756,47 @@ KV_CACHE_UPDATE = Op(
             "[N]: page * page_size + row; < 0 skips",
             values_checked=True,
         ),
-        Operand("kv_cache", 4, "new_kv's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+        Operand(
+            "kv_cache",
+            4,
+            "new_kv's or float8_e4m3fn",
+            "[P, page_size, 2*Hkv, D]; with value_cache: K alone, [P, page_size, Hkv, D]",
+        ),
         K_SCALES,
         V_SCALES,
+        _value_cache_written("kv_cache"),
     ),
     attrs=(*_scale_attrs("stored K = new K / k_scale", "stored V = new V / v_scale"),),
-    results=("kv_cache",),
+    results=("kv_cache", "value_cache"),
     result_like=(),
-    returned=1,
-    aliases={0: 2},
+    returned=2,
+    aliases={0: 2, 1: 5},
     doc="""Writes new K/V rows into the paged cache in place (vLLM's reshape_and_cache_flash slots).
 
 Token n goes to page slot // page_size, row slot % page_size; a negative slot is padding (skipped).
 K is stored divided by k_scale and V by v_scale, rounded to the cache dtype (an fp8 cache
 saturates at +-448). A slot >= P * page_size is never written: the CUDA kernel skips it, the CPU
-paths and validation raise, naming the token. kv_cache must be contiguous (torch: updated in
-place, returns None; JAX: the result aliases it).""",
+paths and validation raise, naming the token. With value_cache, K goes to kv_cache and V to
+value_cache. The caches must be contiguous (torch: updated in place, returns None; JAX: the
+results alias them, kv_cache alone returned without value_cache).""",
     sample=_kv_cache_update_sample,
     sample_attrs={"k_scale": None, "v_scale": None},
 )
 
 
 def _kv_cache_store_sample(zeros: bool) -> dict[str, np.ndarray]:
-    """kv_cache_update's sample with its new rows split into K and V [N, Hkv, D]."""
+    """kv_cache_update's sample with its new rows split into K and V [N, Hkv, D], written into
+    separate K and V caches [P, page_size, Hkv, D] (vLLM's layout; the interleaved cache is
+    kv_cache_update's sample)."""
     sample = _kv_cache_update_sample(zeros)
-    new_kv = sample.pop("new_kv")
-    return {"key": new_kv[:, 0::2].copy(), "value": new_kv[:, 1::2].copy(), **sample}
+    new_kv, cache = sample["new_kv"], sample["kv_cache"]
+    split = {
+        "key": new_kv[:, 0::2].copy(),
+        "value": new_kv[:, 1::2].copy(),
+        "kv_cache": cache[:, :, 0::2].copy(),
+        "value_cache": cache[:, :, 1::2].copy(),
+    }
+    return {name: split.get(name, sample.get(name)) for name in KV_CACHE_STORE.operand_names}
 
 
 _KV_ROWS = "[N, Hkv, D]"
@@ -759,21 +806,27 @@ KV_CACHE_STORE = Op(
         Operand("key", 3, _FLOATS, _KV_ROWS + ": the new tokens' K rows"),
         Operand("value", 3, "key's", _KV_ROWS + ": their V rows"),
         KV_CACHE_UPDATE.operands[1],
-        Operand("kv_cache", 4, "key's or float8_e4m3fn", "[P, page_size, 2*Hkv, D]"),
+        Operand(
+            "kv_cache",
+            4,
+            "key's or float8_e4m3fn",
+            "[P, page_size, 2*Hkv, D]; with value_cache: K alone, [P, page_size, Hkv, D]",
+        ),
         K_SCALES,
         V_SCALES,
+        _value_cache_written("kv_cache"),
     ),
     attrs=KV_CACHE_UPDATE.attrs,
-    results=("kv_cache",),
+    results=("kv_cache", "value_cache"),
     result_like=(),
-    returned=1,
-    aliases={0: 3},
+    returned=2,
+    aliases={0: 3, 1: 6},
     keyword_only=True,
     doc="""kv_cache_update for K and V held apart (vLLM's reshape_and_cache_flash(key, value, ...)).
 
-key and value go to the combined cache's even (K) and odd (V) heads at the slots, with
-kv_cache_update's slot, scale and fp8 rules and no interleaved copy of the new rows. Every argument
-is given by keyword.""",
+key and value go to the combined cache's even (K) and odd (V) heads at the slots, or with
+value_cache to kv_cache (K) and value_cache (V), with kv_cache_update's slot, scale and fp8 rules
+and no interleaved copy of the new rows. Every argument is given by keyword.""",
     sample=_kv_cache_store_sample,
     sample_attrs={"k_scale": None, "v_scale": None},
 )

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from xla_gpu_ops import ops
+
 
 def of(op) -> Callable:
     """The reference of an op of the table (xla_gpu_ops.ops.Op): the function of this module named
@@ -157,25 +159,32 @@ def kv_cache_update(
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None,
 ) -> None:
     """Writes row n of new_kv [N, 2*Hkv, D] to slot slot_mapping[n] of kv_cache, in place (page
     slot // page_size, row slot % page_size); negative slots are skipped. K heads (even) are
     stored divided by k_scale, V heads (odd) by v_scale (times k_scales / v_scales [Hkv] or [1]
-    per KV head), rounded to the cache dtype; an fp8 cache saturates at +-448. Slots must be
-    < num_pages * page_size (the library's check_host_values).
+    per KV head), rounded to the cache dtype; an fp8 cache saturates at +-448. With value_cache,
+    K goes to kv_cache and V to value_cache. Slots must be < num_pages * page_size (the
+    library's check_host_values).
     """
-    rows = kv_cache.view(-1, *kv_cache.shape[2:])
+    if not ops.is_absent(value_cache):
+        kv_cache_store(
+            new_kv[:, 0::2],
+            new_kv[:, 1::2],
+            slot_mapping,
+            kv_cache,
+            k_scale,
+            v_scale,
+            k_scales=k_scales,
+            v_scales=v_scales,
+            value_cache=value_cache,
+        )
+        return
     scales = per_combined_head(
         k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
     )
-    scaled = new_kv.float() / scales[None, :, None]
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
-    keep = slot_mapping >= 0
-    values = scaled[keep].to(kv_cache.dtype)
-    if kv_cache.dtype == torch.float8_e4m3fn:  # no float8 indexing kernels: write the bytes
-        rows, values = rows.view(torch.uint8), values.view(torch.uint8)
-    rows[slot_mapping[keep].long()] = values
+    _scatter(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None])
 
 
 def kv_cache_store(
@@ -188,17 +197,39 @@ def kv_cache_store(
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    value_cache: torch.Tensor | None = None,
 ) -> None:
-    """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads)."""
-    kv_cache_update(
-        interleave_kv(key, value),
-        slot_mapping,
-        kv_cache,
-        k_scale,
-        v_scale,
-        k_scales=k_scales,
-        v_scales=v_scales,
-    )
+    """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads), or
+    with value_cache, of key into kv_cache and value into value_cache."""
+    if ops.is_absent(value_cache):
+        kv_cache_update(
+            interleave_kv(key, value),
+            slot_mapping,
+            kv_cache,
+            k_scale,
+            v_scale,
+            k_scales=k_scales,
+            v_scales=v_scales,
+        )
+        return
+    heads, device = key.shape[1], key.device
+    k = per_kv_head(k_scales, k_scale, heads, torch.float32, device)
+    v = per_kv_head(v_scales, v_scale, heads, torch.float32, device)
+    _scatter(kv_cache, slot_mapping, key.float() / k[None, :, None])
+    _scatter(value_cache, slot_mapping, value.float() / v[None, :, None])
+
+
+def _scatter(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor) -> None:
+    """cache's row at slot_mapping[n] (a [P, page_size, ...] cache's page and row) = scaled[n],
+    rounded to the cache dtype (fp8: saturated at +-448); negative slots skipped. In place."""
+    rows = cache.view(-1, *cache.shape[2:])
+    if cache.dtype == torch.float8_e4m3fn:
+        scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
+    keep = slot_mapping >= 0
+    values = scaled[keep].to(cache.dtype)
+    if cache.dtype == torch.float8_e4m3fn:  # no float8 indexing kernels: write the bytes
+        rows, values = rows.view(torch.uint8), values.view(torch.uint8)
+    rows[slot_mapping[keep].long()] = values
 
 
 def interleave_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -111,7 +111,12 @@ def shard_map_call(
     op = ops.get(op)
     operands = op.complete(operands)
     _check_mesh(op, _jax_ffi.present(operands), mesh, axis)
-    outs = output_specs(op, axis)
+    # a result written into an optional operand left out is each shard's [0] stand-in: split
+    # (still [0]; a replicated one would need a replication check shard_map cannot make)
+    outs = [
+        PartitionSpec(_entry(axis)) if operands[op.aliases.get(j, 0)] is None else spec
+        for j, spec in enumerate(output_specs(op, axis))
+    ]
     attrs = dict(attrs)
     # An optional operand left out stays out of the map: each shard's call makes its own empty
     # stand-in inside the body (_jax_ffi.present). An empty array entering the map (split, or as a
@@ -160,7 +165,8 @@ def kv_cache_update(*args: Any, mesh: Mesh, axis: Axis = DEFAULT_AXIS, abi: str 
     operands and attributes, same errors as `paged_attention`."""
     op = ops.KV_CACHE_UPDATE
     operands, attrs = op.bind(args, kwargs)
-    return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)
+    # the cache alone: the sharding wrappers refuse value_cache (check_split)
+    return shard_map_call(op, operands, attrs, mesh=mesh, axis=axis, abi=abi)[0]
 
 
 # ---------------------------------------------------------------------------- plain jit
@@ -302,7 +308,7 @@ def partitioned_kv_cache_update(*args: Any, abi: str = "ffi", **kwargs):
     `partitioned_paged_attention` does."""
     op = ops.KV_CACHE_UPDATE
     operands, attrs = op.bind(args, kwargs)
-    return partitioned_call(op, operands, attrs, abi)
+    return partitioned_call(op, operands, attrs, abi)[0]  # the cache: value_cache is refused
 
 
 # ---------------------------------------------------------------------------- torchax
@@ -326,8 +332,8 @@ def _torchax_call(
         return outs
     outs = outs if isinstance(outs, tuple) else (outs,)
     operands, _ = op.bind(args, kwargs)
-    for result, operand in op.aliases.items():
-        _torchax.store(operands[operand], outs[result].jax())
+    for result in op.given_returns(operands):  # not into an optional operand left out
+        _torchax.store(operands[op.aliases[result]], outs[result].jax())
     return op.torch_result()(outs)
 
 

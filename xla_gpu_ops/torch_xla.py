@@ -182,6 +182,7 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
     XLA device: the custom call or the composite. Static checks run here through the library
     (shapes, dtypes, attributes); values stay on the device."""
     operands = op.complete(operands)
+    left_out = [t is None for t in operands]  # the composite takes these as None
     device = operands[0].device
     for i, operand in enumerate(op.operands):
         if operands[i] is None:  # an optional operand left out: the library reads [0] as absent
@@ -198,7 +199,8 @@ def functional_results(op: ops.Op, operands: list[torch.Tensor], attrs: dict) ->
         op, [t.shape for t in operands], [dtype_name(t.dtype) for t in operands], attrs
     )
     if _impl_for(op, device) == "composite":
-        return composite_results(op, operands, attrs)
+        given = [None if out else t for t, out in zip(operands, left_out, strict=True)]
+        return composite_results(op, given, attrs)
     _prepare_runtime(device)
     abi = custom_call_abi()
     encoded = tuple(
@@ -244,7 +246,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
         outs = functional_results(op, operands, attrs)
         if not functional:
             for result, operand in op.aliases.items():
-                operands[operand].copy_(outs[result])
+                if operands[operand] is not None:
+                    operands[operand].copy_(outs[result])
         return pick(outs)
 
     return kernel
@@ -269,46 +272,28 @@ def kv_cache_update_composite(
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The updated cache (a new tensor) as one scatter with static shapes: no host sync, no
-    data-dependent shape. An fp8 cache on an XLA device needs torch_xla >= 2.9: 2.7's XLA rounds
-    float32 -> float8_e4m3fn off by one step for some values (37 of 43k in a test), so it is
-    refused there rather than written differently from every other path.
-
-    Tokens whose slot is negative (padding) or past the cache write a copy of a valid token's row
-    to that token's slot instead (or, with no valid token, row 0 back onto itself): duplicate
-    writes of equal values, so every real slot gets exactly its new row and nothing else moves.
-    """
-    rows = kv_cache.view(-1, *kv_cache.shape[2:])
-    capacity = rows.shape[0]
-    if (
-        kv_cache.dtype == torch.float8_e4m3fn
-        and kv_cache.device.type == "xla"
-        and _torch_xla_version.torch_xla_version() < _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA
-    ):
-        major, minor = _torch_xla_version.torch_xla_version()
-        raise TypeError(
-            f"kv_cache_update: kv_cache: float8_e4m3fn needs torch_xla >= 2.9 on XLA devices "
-            f"(torch_xla {major}.{minor} rounds float32 -> float8 differently)"
+    value_cache: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The updated caches (new tensors; without value_cache, the second is the empty float32 [0]
+    that stands for it), each as one scatter with static shapes: no host sync, no data-dependent
+    shape."""
+    if not ops.is_absent(value_cache):
+        return kv_cache_store_composite(
+            new_kv[:, 0::2],
+            new_kv[:, 1::2],
+            slot_mapping,
+            kv_cache,
+            k_scale,
+            v_scale,
+            k_scales=k_scales,
+            v_scales=v_scales,
+            value_cache=value_cache,
         )
-    if slot_mapping.shape[0] == 0:  # an empty batch (a static shape): nothing to write
-        return kv_cache.clone()
     scales = reference.per_combined_head(
         k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
     )
-    scaled = new_kv.float() / scales[None, :, None]
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        scaled = scaled.clamp(-reference.FP8_MAX, reference.FP8_MAX)
-    slots = slot_mapping.long()
-    valid = (slots >= 0) & (slots < capacity)
-    any_valid = valid.any()
-    first = torch.argmax(valid.to(torch.int32)).view(1)  # a valid token, if any
-    token = torch.arange(slots.shape[0], device=slots.device)
-    source = torch.where(valid, token, first)
-    fallback = torch.where(any_valid, slots.index_select(0, first), torch.zeros_like(first))
-    target = torch.where(valid, slots, fallback)
-    values = torch.where(any_valid, scaled[source].to(kv_cache.dtype), rows[0:1])
-    return rows.index_put((target,), values).view(kv_cache.shape)
+    updated = _scatter_rows(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None])
+    return updated, kv_cache.new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE))
 
 
 def kv_cache_store_composite(
@@ -321,12 +306,61 @@ def kv_cache_store_composite(
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """kv_cache_update's composite on the interleaved rows (one fused gather under XLA)."""
-    new_kv = reference.interleave_kv(key, value)
-    return kv_cache_update_composite(
-        new_kv, slot_mapping, kv_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
+    value_cache: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_cache_update's composite: on the interleaved rows (one fused gather under XLA), or with
+    value_cache, one scatter into each cache."""
+    if ops.is_absent(value_cache):
+        new_kv = reference.interleave_kv(key, value)
+        return kv_cache_update_composite(
+            new_kv, slot_mapping, kv_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
+        )
+    heads, device = key.shape[1], key.device
+    k = reference.per_kv_head(k_scales, k_scale, heads, torch.float32, device)
+    v = reference.per_kv_head(v_scales, v_scale, heads, torch.float32, device)
+    return (
+        _scatter_rows(kv_cache, slot_mapping, key.float() / k[None, :, None]),
+        _scatter_rows(value_cache, slot_mapping, value.float() / v[None, :, None]),
     )
+
+
+def _scatter_rows(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor):
+    """cache (a new tensor) with row slot_mapping[n] of its [P * page_size, ...] rows set to
+    scaled[n], rounded to the cache dtype (fp8: saturated). An fp8 cache on an XLA device needs
+    torch_xla >= 2.9: 2.7's XLA rounds float32 -> float8_e4m3fn off by one step for some values
+    (37 of 43k in a test), so it is refused there rather than written differently from every
+    other path.
+
+    Tokens whose slot is negative (padding) or past the cache write a copy of a valid token's row
+    to that token's slot instead (or, with no valid token, row 0 back onto itself): duplicate
+    writes of equal values, so every real slot gets exactly its new row and nothing else moves.
+    """
+    rows = cache.view(-1, *cache.shape[2:])
+    capacity = rows.shape[0]
+    if (
+        cache.dtype == torch.float8_e4m3fn
+        and cache.device.type == "xla"
+        and _torch_xla_version.torch_xla_version() < _torch_xla_version.FIRST_RELEASE_WITHOUT_CUDA
+    ):
+        major, minor = _torch_xla_version.torch_xla_version()
+        raise TypeError(
+            f"kv_cache_update: kv_cache: float8_e4m3fn needs torch_xla >= 2.9 on XLA devices "
+            f"(torch_xla {major}.{minor} rounds float32 -> float8 differently)"
+        )
+    if slot_mapping.shape[0] == 0:  # an empty batch (a static shape): nothing to write
+        return cache.clone()
+    if cache.dtype == torch.float8_e4m3fn:
+        scaled = scaled.clamp(-reference.FP8_MAX, reference.FP8_MAX)
+    slots = slot_mapping.long()
+    valid = (slots >= 0) & (slots < capacity)
+    any_valid = valid.any()
+    first = torch.argmax(valid.to(torch.int32)).view(1)  # a valid token, if any
+    token = torch.arange(slots.shape[0], device=slots.device)
+    source = torch.where(valid, token, first)
+    fallback = torch.where(any_valid, slots.index_select(0, first), torch.zeros_like(first))
+    target = torch.where(valid, slots, fallback)
+    values = torch.where(any_valid, scaled[source].to(cache.dtype), rows[0:1])
+    return rows.index_put((target,), values).view(cache.shape)
 
 
 def paged_attention_composite(

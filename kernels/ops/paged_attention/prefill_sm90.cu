@@ -84,14 +84,14 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encoder;
 }
 
-// The sm_90a kernel's K/V tensor map (Sm90KvTensorMap): boxes of one page, or of one tile where
+// The sm_90a kernel's K/V tensor maps (Sm90KvTensorMap): boxes of one page, or of one tile where
 // pages are larger than a tile. 16-bit caches: 64 columns per box with the 128-byte swizzle the
 // wgmma descriptors read; fp8 caches: a whole row of kD bytes per box, unswizzled, into the staging
-// buffer. Left with box_rows 0 (cp.async only) where the page size is not a multiple of 8 (the
-// swizzle repeats every 8 rows), neither divides nor is divided by the tile, the cache is not
-// 16-byte aligned or has more than INT32_MAX slots, K and V are in caches of their own (one map
-// spans the interleaved heads; not yet two maps), or the driver refuses: the kernel is correct
-// either way.
+// buffer. An interleaved cache is one map for K and V (heads 2 h and 2 h + 1), K and V caches of
+// their own a map each. Left with box_rows 0 (cp.async only) where the page size is not a multiple
+// of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile, a cache is
+// not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is
+// correct either way.
 template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   constexpr int kN = Sm90PrefillConfig<kD, kFp8>::kBlockN;
@@ -100,28 +100,39 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const int page_size = params.page_size;
   const int rows = std::min(page_size, kN);
   const bool tiles_fit = page_size > 0 && (kN % page_size == 0 || page_size % kN == 0);
-  const auto address = reinterpret_cast<uintptr_t>(params.kv_cache);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
   const bool interleaved = params.kv_head_stride == 2 * kD;
-  if (rows % 8 != 0 || !tiles_fit || address % 16 != 0 || params.num_pages <= 0 ||
-      slots > INT32_MAX || encode == nullptr || !interleaved) {
+  const char* keys = static_cast<const char*>(params.kv_cache);
+  const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's row + kD
+  if (rows % 8 != 0 || !tiles_fit || reinterpret_cast<uintptr_t>(keys) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(values) % 16 != 0 || params.num_pages <= 0 || slots > INT32_MAX ||
+      encode == nullptr) {
     return kv_map;
   }
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
-                              static_cast<cuuint64_t>(2 * params.num_kv_heads),
+  const int heads = static_cast<int>(interleaved ? 2 * params.num_kv_heads : params.num_kv_heads);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(slots)};
-  const cuuint64_t strides[2] = {
-      static_cast<cuuint64_t>(kD) * kElemBytes,
-      static_cast<cuuint64_t>(2 * params.num_kv_heads) * kD * kElemBytes};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * kElemBytes,
+                                 static_cast<cuuint64_t>(heads) * kD * kElemBytes};
   const cuuint32_t box[3] = {kFp8 ? kD : 64, 1, static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult result = encode(
-      &kv_map.map, kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
-      const_cast<void*>(params.kv_cache), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, kFp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  auto make = [&](CUtensorMap* map, const void* base) {
+    return encode(map, kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
+                  const_cast<void*>(base), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  kFp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult result = make(&kv_map.map, keys);
+  if (interleaved) {
+    kv_map.v_map = kv_map.map;
+  } else if (result == CUDA_SUCCESS) {
+    result = make(&kv_map.v_map, values);
+  }
+  kv_map.head_step = interleaved ? 2 : 1;
+  kv_map.v_head = interleaved ? 1 : 0;
   kv_map.box_rows = result == CUDA_SUCCESS ? rows : 0;
   return kv_map;
 }

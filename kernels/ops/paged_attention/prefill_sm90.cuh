@@ -182,14 +182,27 @@ struct Sm90Item {
   bool more;
 };
 
-// K/V through the tensor memory accelerator (TMA): the cache [P, page_size, 2 Hkv, D] as a 3-D
-// tensor (d, combined head, slot = page * page_size + row) read in boxes of 64 elements x 1 head x
-// box_rows slots with the 128-byte swizzle, i.e. one page (or one tile of a larger page) of one
-// 64-column block per copy. box_rows == 0: no tensor map (page size not a multiple of 8 that
-// divides or is divided by the tile, misaligned cache, no driver entry point), cp.async only.
+// K/V through the tensor memory accelerator (TMA): a cache as a 3-D tensor (d, head, slot =
+// page * page_size + row) read in boxes of 64 elements x 1 head x box_rows slots with the 128-byte
+// swizzle, i.e. one page (or one tile of a larger page) of one 64-column block per copy. K of KV
+// head h is head head_step * h of `map`, V head head_step * h + v_head of `v_map`: an interleaved
+// cache [P, page_size, 2 Hkv, D] is both maps (2 h, 2 h + 1), K and V caches of their own
+// [P, page_size, Hkv, D] one map each (h, h). box_rows == 0: no tensor map (page size not a
+// multiple of 8 that divides or is divided by the tile, misaligned cache, no driver entry point),
+// cp.async only.
 struct Sm90KvTensorMap {
   CUtensorMap map;
+  CUtensorMap v_map;
   int box_rows;
+  int head_step;
+  int v_head;
+
+  __device__ __forceinline__ const CUtensorMap* Of(int which) const {
+    return which == 0 ? &map : &v_map;
+  }
+  __device__ __forceinline__ int Head(int which, int kv_head) const {
+    return head_step * kv_head + (which == 0 ? 0 : v_head);
+  }
 };
 
 // Q and the output through TMA: [T, Hq, D] as a 3-D tensor (d, head, token) with the 128-byte
@@ -269,13 +282,16 @@ __device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t*
 // Rows [t, t + box_rows) of one K or V tile (thread t, t % box_rows == 0) by TMA: one box per
 // 64-column block, from cache slot `slot` of combined head `head`.
 template <int kD>
-__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int head, int slot,
-                                                 uint32_t tile, int t, uint32_t bar) {
+__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int which,
+                                                 int kv_head, int slot, uint32_t tile, int t,
+                                                 uint32_t bar) {
   using Cfg = Sm90PrefillConfig<kD>;
   MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD * 2));
+  const CUtensorMap* map = kv_map.Of(which);
+  const int head = kv_map.Head(which, kv_head);
 #pragma unroll
   for (int cb = 0; cb < kD / 64; ++cb) {
-    TmaLoad3d(tile + cb * (Cfg::kBlockN * 128) + t * 128, &kv_map.map, cb * 64, head, slot, bar);
+    TmaLoad3d(tile + cb * (Cfg::kBlockN * 128) + t * 128, map, cb * 64, head, slot, bar);
   }
 }
 
@@ -297,14 +313,14 @@ __device__ __forceinline__ void Sm90IssueStagingTile(const uint8_t* kv_head, con
   }
 }
 
-// fp8 caches: rows [t, t + box_rows) of one K or V tile by TMA into the staging buffer (one box of
-// kD bytes x 1 head x box_rows slots, no swizzle), from cache slot `slot` of combined head `head`.
+// fp8 caches: rows [t, t + box_rows) of one K (which = 0) or V (1) tile by TMA into the staging
+// buffer (one box of kD bytes x 1 head x box_rows slots, no swizzle), from cache slot `slot`.
 template <int kD>
-__device__ __forceinline__ void Sm90IssueStagingBoxes(const Sm90KvTensorMap& kv_map, int head,
-                                                      int slot, uint32_t staging, int t,
-                                                      uint32_t bar) {
+__device__ __forceinline__ void Sm90IssueStagingBoxes(const Sm90KvTensorMap& kv_map, int which,
+                                                      int kv_head, int slot, uint32_t staging,
+                                                      int t, uint32_t bar) {
   MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD));
-  TmaLoad3d(staging + t * kD, &kv_map.map, 0, head, slot, bar);
+  TmaLoad3d(staging + t * kD, kv_map.Of(which), 0, kv_map.Head(which, kv_head), slot, bar);
 }
 
 // fp8 caches: this thread's chunks of a staging buffer -> the 16-bit tile (SwizzledOffset layout)
@@ -461,8 +477,8 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     MbarWait(bars.VEmpty(stage), ((prev / Cfg::kVStages) & 1) ^ 1);
     if (prev_tma) {
       if (box_owner) {
-        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head + 1, prev_slot,
-                             v_tiles + stage * Cfg::kTileBytes, t, bars.VFull(stage));
+        Sm90IssueKvBoxes<kD>(kv_map, 1, w.kv_head, prev_slot, v_tiles + stage * Cfg::kTileBytes, t,
+                             bars.VFull(stage));
       }
     } else {
       Sm90IssueKvTile<T, kD>(k_head + p.v_offset, slots + (prev % Cfg::kSlotBuffers) * kN,
@@ -483,7 +499,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
     if (tile_tma) {
       if (box_owner) {
-        Sm90IssueKvBoxes<kD>(kv_map, 2 * w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
+        Sm90IssueKvBoxes<kD>(kv_map, 0, w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
                              bars.KFull(stage));
       }
     } else {
@@ -545,8 +561,8 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
     const uint32_t full = bars.StagingFull(which);
     if (load.tma) {
       if (box_owner) {
-        Sm90IssueStagingBoxes<kD>(kv_map, 2 * w.kv_head + which, load.slot, SharedAddress(buffer),
-                                  t, full);
+        Sm90IssueStagingBoxes<kD>(kv_map, which, w.kv_head, load.slot, SharedAddress(buffer), t,
+                                  full);
       }
     } else {
       Sm90IssueStagingTile<kD>(k_head + which * p.v_offset, slots + (tile % Cfg::kSlotBuffers) * kN,
@@ -606,7 +622,10 @@ __device__ __forceinline__ void Sm90ProducerBlock(
   using Cfg = Sm90PrefillConfig<kD, IsFp8<KV>>;
   const int t = static_cast<int>(threadIdx.x);  // 0..127
   if (t == 0) {
-    if (kv_map.box_rows > 0) TmaPrefetchDescriptor(&kv_map.map);
+    if (kv_map.box_rows > 0) {
+      TmaPrefetchDescriptor(&kv_map.map);
+      TmaPrefetchDescriptor(&kv_map.v_map);
+    }
     if (row_maps.q_box_tokens > 0) TmaPrefetchDescriptor(&row_maps.q);
   }
   int tiles_done = 0;

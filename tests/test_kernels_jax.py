@@ -152,6 +152,7 @@ def host_ffi_call(arrays, *, scale=0.125, sliding_window=0, soft_cap=0.0):
         soft_cap=np.float32(soft_cap),
         k_scale=np.float32(1.0),
         v_scale=np.float32(1.0),
+        kv_layout=np.int64(0),  # NHD
     )
     return out.block_until_ready()
 
@@ -642,6 +643,7 @@ def test_gpu_ffi_handler_rejects_bad_static_input(workspace_elems, soft_cap, arg
         "soft_cap": np.float32(soft_cap),
         "k_scale": np.float32(1.0),
         "v_scale": np.float32(1.0),
+        "kv_layout": np.int64(0),
     }
     with pytest.raises(HANDLER_ERRORS, match=rf"INVALID_ARGUMENT.*paged_attention: {argument}:"):
         call(*with_absent(PAGED_ATTENTION, arrays), **attributes)[0].block_until_ready()

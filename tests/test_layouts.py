@@ -78,11 +78,12 @@ def test_separate_fp8_caches_equal_the_interleaved_one_on_cuda(batch):
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
 
 
-def _new_rows(device, dtype, seed: int, tokens: int = 11):
-    """K and V rows of `tokens` new tokens [N, Hkv, D] and their slots (one padding, int64)."""
+def _new_rows(device, dtype, seed: int, tokens: int = 11, pages: int = 9):
+    """K and V rows of `tokens` new tokens [N, Hkv, D] and their slots in the first `pages`
+    pages (one padding, int64)."""
     gen = torch.Generator().manual_seed(seed)
     key, value = (torch.randn(tokens, HKV, D, generator=gen).to(dtype) for _ in range(2))
-    slots = torch.randperm(9 * PAGE, generator=gen)[:tokens]
+    slots = torch.randperm(pages * PAGE, generator=gen)[:tokens]
     slots[3] = -1
     return key.to(device), value.to(device), slots.to(device)
 
@@ -224,3 +225,131 @@ def test_the_sharding_wrappers_refuse_separate_caches_by_name():
     head_sharding.check_split(
         ops.PAGED_ATTENTION, [*shapes[:1], (7, 16, 4, 64), *shapes[2:], (0,)], 2, "x"
     )
+
+
+# ------------------------------------------------------------------------------------ HND
+def to_hnd(cache: torch.Tensor) -> torch.Tensor:
+    """An NHD cache [P, page_size, heads, D] as the HND cache with its values, [P, heads,
+    page_size, D] (FlashInfer's other layout)."""
+    return cache.transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("separate", [False, True], ids=["interleaved", "separate"])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_hnd_caches_equal_the_nhd_ones(batch, separate, dtype, device):
+    seed = fresh_seed()
+    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, dtype, seed, pad_tokens=2)
+    data = {n: data[n].to(device) for n in OPERANDS}
+    attrs = {"sliding_window": 40, "soft_cap": 20.0}
+    expected, expected_lse = attend(data, **attrs, return_lse=True)
+    if separate:
+        key_cache, value_cache = split(data["kv_cache"])
+        caches = {"kv_cache": to_hnd(key_cache)}
+        attrs["value_cache"] = to_hnd(value_cache)
+    else:
+        caches = {"kv_cache": to_hnd(data["kv_cache"])}
+    out, lse = attend({**data, **caches}, kv_layout="HND", **attrs, return_lse=True)
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+    finite = expected_lse.isfinite()
+    assert torch.equal(lse.isinf(), expected_lse.isinf())
+    assert (lse[finite] - expected_lse[finite]).abs().max().item() < 1e-5
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_hnd_fp8_caches_equal_the_nhd_ones_on_cuda(batch):
+    seed = fresh_seed()
+    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, torch.bfloat16, seed)
+    data = {n: data[n].cuda() for n in OPERANDS}
+    data["kv_cache"] = (data["kv_cache"] * 8).to(torch.float8_e4m3fn)
+    scales = {"k_scale": 0.125, "v_scale": 0.125}
+    expected = attend(data, **scales)
+    key_cache, value_cache = (to_hnd(c) for c in split(data["kv_cache"]))
+    out = attend(
+        {**data, "kv_cache": key_cache}, value_cache=value_cache, kv_layout="HND", **scales
+    )
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+@pytest.mark.parametrize("separate", [False, True], ids=["interleaved", "separate"])
+@pytest.mark.parametrize("op", ["kv_cache_store", "kv_cache_update"])
+def test_hnd_writes_equal_the_nhd_ones(op, separate, device):
+    seed = fresh_seed()
+    key, value, slots = _new_rows(device, torch.bfloat16, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    nhd = torch.randn(10, PAGE, 2 * HKV, D, generator=gen).to(torch.bfloat16).to(device)
+    rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
+    scales = {"k_scale": 0.5, "v_scale": torch.tensor([2.0, 0.25], device=device)}
+    if separate:
+        nhd_caches = dict(zip(("kv_cache", "value_cache"), split(nhd), strict=True))
+    else:
+        nhd_caches = {"kv_cache": nhd}
+    hnd_caches = {name: to_hnd(c) for name, c in nhd_caches.items()}
+    for caches, layout in ((nhd_caches, "NHD"), (hnd_caches, "HND")):
+        if op == "kv_cache_store":
+            xla_gpu_ops.kv_cache_store(
+                key=key, value=value, slot_mapping=slots, kv_layout=layout, **caches, **scales
+            )
+        else:
+            xla_gpu_ops.kv_cache_update(rows, slots, kv_layout=layout, **caches, **scales)
+    for name, cache in hnd_caches.items():
+        assert torch.equal(cache, to_hnd(nhd_caches[name])), f"{name}, seed {seed}"
+
+
+def test_jax_host_handler_reads_and_writes_hnd_caches():
+    import jax.numpy as jnp
+
+    import xla_gpu_ops.jax as xjax
+
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, seed)
+    key, value, slots = _new_rows("cpu", torch.float32, seed, pages=data["kv_cache"].shape[0])
+    key_cache, value_cache = (to_hnd(c) for c in split(data["kv_cache"]))
+    new_k, new_v = xjax.kv_cache_store(
+        key=jnp.asarray(key),
+        value=jnp.asarray(value),
+        slot_mapping=jnp.asarray(slots),
+        kv_cache=jnp.asarray(key_cache),
+        value_cache=jnp.asarray(value_cache),
+        kv_layout="HND",
+    )
+    xla_gpu_ops.kv_cache_store(key=key, value=value, slot_mapping=slots, kv_cache=data["kv_cache"])
+    expected_k, expected_v = (to_hnd(c) for c in split(data["kv_cache"]))
+    assert np.array_equal(np.asarray(new_k), expected_k.numpy()), f"seed {seed}"
+    assert np.array_equal(np.asarray(new_v), expected_v.numpy()), f"seed {seed}"
+    arrays = [np.asarray(data[n]) for n in OPERANDS]
+    arrays[1] = np.asarray(new_k)
+    out = xjax.paged_attention(*arrays, scale=SCALE, value_cache=np.asarray(new_v), kv_layout="HND")
+    expected = attend(data)
+    assert rel_l2(torch.from_numpy(np.array(out)), expected) < 1e-5, f"seed {seed}"
+
+
+def test_bad_layouts_name_kv_layout():
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, 0)
+    with pytest.raises(
+        ValueError, match=r"paged_attention: kv_layout: must be one of 'NHD', 'HND'"
+    ):
+        attend(data, kv_layout="NDH")
+    # an HND cache of 3 combined heads: K and V interleaved need an even count, named by its dim
+    odd = to_hnd(data["kv_cache"])[:, :3].contiguous()
+    with pytest.raises(
+        ValueError, match=r"kv_cache: dim 1 must be 2 \* num_kv_heads \(kv_layout HND"
+    ):
+        attend({**data, "kv_cache": odd}, kv_layout="HND")
+    key, value, slots = _new_rows("cpu", torch.float32, 0)
+    with pytest.raises(ValueError, match=r"kv_cache_store: kv_cache: dim 1 must be 2 \* num_kv"):
+        xla_gpu_ops.kv_cache_store(
+            key=key, value=value, slot_mapping=slots, kv_cache=odd, kv_layout="HND"
+        )
+
+
+def test_the_sharding_wrappers_refuse_hnd_by_name():
+    from xla_gpu_ops import head_sharding, ops
+
+    with pytest.raises(ValueError, match=r"paged_attention: kv_layout: 'HND'; the sharding"):
+        head_sharding.check_layout(ops.PAGED_ATTENTION, {"kv_layout": "HND"})
+    head_sharding.check_layout(ops.PAGED_ATTENTION, {"kv_layout": "NHD"})

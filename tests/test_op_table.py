@@ -82,8 +82,9 @@ def test_schema():
         == (
             "(Tensor query, Tensor kv_cache, Tensor context_lens, Tensor block_tables, "
             "Tensor query_start_loc, Tensor num_seqs, float scale, int? sliding_window=None, "
-            "float? soft_cap=None, float? k_scale=None, float? v_scale=None, Tensor? sinks=None, "
-            "Tensor? k_scales=None, Tensor? v_scales=None, Tensor? value_cache=None) -> (Tensor, Tensor)"  # out and lse: the op always returns both
+            "float? soft_cap=None, float? k_scale=None, float? v_scale=None, "
+            "str kv_layout='NHD', Tensor? sinks=None, Tensor? k_scales=None, "
+            "Tensor? v_scales=None, Tensor? value_cache=None) -> (Tensor, Tensor)"  # out and lse: the op always returns both
         )
     )
     assert ops.SIMPLE_ADD.schema() == "(Tensor a, Tensor b) -> Tensor"
@@ -91,14 +92,25 @@ def test_schema():
     # (an optional one too, with an alias set of its own)
     assert ops.KV_CACHE_UPDATE.schema() == (
         "(Tensor new_kv, Tensor slot_mapping, Tensor(a!) kv_cache, float? k_scale=None, "
-        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None, "
-        "Tensor(b!)? value_cache=None) -> ()"
+        "float? v_scale=None, str kv_layout='NHD', Tensor? k_scales=None, "
+        "Tensor? v_scales=None, Tensor(b!)? value_cache=None) -> ()"
     )
     assert ops.KV_CACHE_UPDATE.functional_schema() == (
         "(Tensor new_kv, Tensor slot_mapping, Tensor kv_cache, float? k_scale=None, "
-        "float? v_scale=None, Tensor? k_scales=None, Tensor? v_scales=None, "
-        "Tensor? value_cache=None) -> (Tensor, Tensor)"
+        "float? v_scale=None, str kv_layout='NHD', Tensor? k_scales=None, "
+        "Tensor? v_scales=None, Tensor? value_cache=None) -> (Tensor, Tensor)"
     )
+
+
+# paged_attention's attributes, each left out
+NO_ATTRS = {
+    "scale": None,
+    "sliding_window": None,
+    "soft_cap": None,
+    "k_scale": None,
+    "v_scale": None,
+    "kv_layout": "NHD",
+}
 
 
 def test_bind():
@@ -114,15 +126,16 @@ def test_bind():
         "soft_cap": None,
         "k_scale": None,
         "v_scale": None,
+        "kv_layout": "NHD",
     }
     # the fast path (required operands positional, the rest by keyword) and the general one
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7}) == (
         [*range(6), 7, None, None, None],
-        {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
+        {**NO_ATTRS, "scale": 0.5},
     )
     with_sinks = [*range(6), 7, None, None, None]
     assert op.bind(range(6), {"scale": 0.5, "sinks": 7, "soft_cap": 2.0})[0] == with_sinks
-    assert op.bind([*range(6), 0.5, None, None, None, None, 7], {})[0] == with_sinks
+    assert op.bind([*range(6), 0.5, None, None, None, None, "NHD", 7], {})[0] == with_sinks
     with pytest.raises(TypeError, match="scale: missing"):
         op.bind(range(6), {})
     with pytest.raises(TypeError, match="num_seqs: missing"):
@@ -137,13 +150,14 @@ def test_split_schema_args_fills_dropped_defaults():
     op = ops.PAGED_ATTENTION
     assert op.split_schema_args([*range(6), 0.5]) == (
         [*range(6), None, None, None, None],
-        {"scale": 0.5, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": None},
+        {**NO_ATTRS, "scale": 0.5},
     )
     # an optional operand comes after the attributes in the schema, first in nothing else
-    operands, attrs = op.split_schema_args([*range(6), 0.5, 3, None, None, None, "sinks"])
+    operands, attrs = op.split_schema_args([*range(6), 0.5, 3, None, None, None, "HND", "sinks"])
     assert operands == [*range(6), "sinks", None, None, None]
     assert attrs["sliding_window"] == 3
-    args = [*range(6), 0.5, 3, None, None, None, "sinks", None, None, None]
+    assert attrs["kv_layout"] == "HND"
+    args = [*range(6), 0.5, 3, None, None, None, "HND", "sinks", None, None, None]
     assert op.schema_args(operands, attrs) == args
 
 
@@ -180,6 +194,7 @@ def test_optional_operands_come_last():
         ({"scale": 1.0, "soft_cap": 0.0}, ValueError, r"soft_cap: must be > 0 or None"),
         ({"scale": 1.0, "sliding_window": 0}, ValueError, r"sliding_window: must be > 0 or None"),
         ({"scale": 1.0, "sliding_window": True}, TypeError, "sliding_window"),
+        ({"scale": 1.0, "kv_layout": "NDH"}, ValueError, "kv_layout: must be one of 'NHD', 'HND'"),
     ],
 )
 def test_attribute_encoding_rejects(attrs, error, match):
@@ -195,7 +210,8 @@ def test_attribute_encoding_turns_none_off():
     encoded = op.encode_attrs(
         {"scale": 2, "sliding_window": None, "soft_cap": None, "k_scale": None, "v_scale": 0.5}
     )
-    assert encoded == (2.0, 0, 0.0, 1.0, 0.5)
+    assert encoded == (2.0, 0, 0.0, 1.0, 0.5, 0)  # kv_layout: its default, "NHD", is 0
+    assert op.encode_attrs({"scale": 1.0, "kv_layout": "HND"})[-1] == 1
     assert isinstance(encoded[0], float)
 
 

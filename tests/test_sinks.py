@@ -107,7 +107,7 @@ def test_torch_cpu_op_and_wrapper(kind, dtype):
 @needs_library
 def test_opcheck_with_sinks():
     inputs = make_paged_inputs(MIXED, 8, 2, 64, 16, torch.float32, fresh_seed(), sinks=True)
-    args = [*(inputs[n] for n in REQUIRED), 0.125, None, 4.0, None, None, inputs["sinks"]]
+    args = [*(inputs[n] for n in REQUIRED), 0.125, None, 4.0, None, None, "NHD", inputs["sinks"]]
     torch.library.opcheck(torch.ops.xla_gpu.paged_attention.default, args)
 
 

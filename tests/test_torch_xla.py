@@ -125,7 +125,7 @@ def test_custom_call_ffi_lowering(custom_call_impl, monkeypatch):
     assert "api_version=API_VERSION_TYPED_FFI" in line
     assert (
         "backend_config={scale = 0.10000000149011612 : f32, sliding_window = 7 : i64, soft_cap = 5.0 : f32, "
-        "k_scale = 1.0 : f32, v_scale = 1.0 : f32}" in line
+        "k_scale = 1.0 : f32, v_scale = 1.0 : f32, kv_layout = 0 : i64}" in line
     )
     operands = re.search(r"custom-call\((.*?)\),", line)[1]
     shapes = re.findall(r"([a-z0-9]+\[[0-9,]*\])", operands)
@@ -259,7 +259,7 @@ def test_mlir_float_round_trips_as_float32(value):
     with jax_mlir.make_ir_context():
         attribute = jax_mlir.ir.Attribute.parse(
             xgo_torch_xla.attributes_text(
-                PAGED_ATTENTION, (value if value else 1.0, 3, value, 1.0, 1.0)
+                PAGED_ATTENTION, (value if value else 1.0, 3, value, 1.0, 1.0, 0)
             )
         )
         parsed = jax_mlir.ir.FloatAttr(jax_mlir.ir.DictAttr(attribute)["soft_cap"]).value

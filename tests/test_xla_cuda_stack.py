@@ -277,7 +277,7 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
         assert "api_version=API_VERSION_TYPED_FFI" in line
         assert (
             "backend_config={scale = 0.0625 : f32, sliding_window = 40 : i64, soft_cap = 30.0 : f32, "
-            "k_scale = 1.0 : f32, v_scale = 1.0 : f32}" in line
+            "k_scale = 1.0 : f32, v_scale = 1.0 : f32, kv_layout = 0 : i64}" in line
         ), line
 
 

@@ -19,6 +19,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from xla_gpu_ops import ops
 
@@ -95,6 +96,17 @@ def result_entries(op: ops.Op, ranks: Sequence[int], axis: object) -> list[tuple
 def _entries(op: ops.Op, name: str, rank: int, axis: object) -> tuple:
     dim = head_dim(op, name)
     return tuple(axis if i == dim else None for i in range(rank))
+
+
+def check_layout(op: ops.Op, attrs: Mapping[str, Any]) -> None:
+    """ValueError naming kv_layout unless the caches are NHD, the layout whose head dimension
+    (dim 2) the wrappers split."""
+    layout = attrs.get("kv_layout", "NHD")
+    if layout != "NHD":
+        raise ValueError(
+            f"{op.name}: kv_layout: {layout!r}; the sharding wrappers split NHD caches "
+            "[P, page_size, heads, D] by their heads (pass kv_layout='NHD')"
+        )
 
 
 def check_split(

@@ -61,7 +61,7 @@ class Attr:
     a tensor, which the public functions pass as that operand."""
 
     name: str
-    kind: type  # float or int
+    kind: type  # float, int, or str (one of `choices`, which the library reads as its index)
     doc: str
     default: Any = REQUIRED
     none: float | int | None = None
@@ -69,9 +69,17 @@ class Attr:
     # The optional operand a tensor given for this attribute goes to (k_scale -> k_scales): read
     # by the kernels at run time, so a new value neither retraces nor recompiles.
     tensor: str = ""
+    choices: tuple[str, ...] = ()
 
     def encode(self, op: str, value: Any) -> float | int:
         """The value the library reads; TypeError / ValueError naming the attribute."""
+        if self.kind is str:
+            if value not in self.choices:
+                raise ValueError(
+                    f"{op}: {self.name}: must be one of {', '.join(map(repr, self.choices))}, "
+                    f"got {value!r}"
+                )
+            return self.choices.index(value)
         if value is None:
             if self.none is None:
                 raise TypeError(f"{op}: {self.name}: must be a {self.kind.__name__}, got None")
@@ -99,7 +107,7 @@ class Attr:
 
     @property
     def schema_type(self) -> str:
-        base = "float" if self.kind is float else "int"
+        base = {float: "float", int: "int", str: "str"}[self.kind]
         return base + ("?" if self.none is not None else "")
 
 
@@ -407,10 +415,11 @@ class Op:
         return list(operands[:n]), dict(zip(self.optional_names, operands[n:], strict=True))
 
     def schema_args(self, operands: Sequence[Any], attrs: Mapping[str, Any]) -> list:
-        """The positional arguments of the torch op: required operands, attribute values,
-        optional operands (None where absent)."""
+        """The positional arguments of the torch op: required operands, attribute values (their
+        defaults where left out), optional operands (None where absent)."""
         n = self.num_required
-        return [*operands[:n], *(attrs[name] for name in self.attr_names), *operands[n:]]
+        values = [attrs.get(a.name, a.default) for a in self.attrs]
+        return [*operands[:n], *values, *operands[n:]]
 
     def route_tensors(self, operands: list, attrs: dict) -> tuple[list, dict]:
         """(operands, attrs) with each attribute given as a tensor or array (not a number, not
@@ -568,6 +577,15 @@ def _scales_sample(rng: np.random.Generator, num_kv_heads: int) -> dict[str, np.
 
 
 _FLOATS = "float32, float16 or bfloat16"
+KV_LAYOUT = Attr(
+    "kv_layout",
+    str,
+    'the order of each cache\'s dims: "NHD" [P, page_size, heads, D] (vLLM FlashAttention, '
+    'torch_xla), or "HND" [P, heads, page_size, D] (FlashInfer\'s other layout); heads: 2*Hkv '
+    "interleaved, or Hkv with value_cache",
+    "NHD",
+    choices=("NHD", "HND"),
+)
 
 
 def _scale_attrs(k_doc: str, v_doc: str) -> tuple[Attr, Attr]:
@@ -687,6 +705,7 @@ PAGED_ATTENTION = Op(
             "key dequantisation scale: logits * k_scale",
             "value dequantisation scale: out * v_scale",
         ),
+        KV_LAYOUT,
     ),
     results=("out", "lse", "workspace"),
     result_like=("query", Like("query", 2, "float32")),
@@ -766,7 +785,7 @@ KV_CACHE_UPDATE = Op(
         V_SCALES,
         _value_cache_written("kv_cache"),
     ),
-    attrs=(*_scale_attrs("stored K = new K / k_scale", "stored V = new V / v_scale"),),
+    attrs=(*_scale_attrs("stored K = new K / k_scale", "stored V = new V / v_scale"), KV_LAYOUT),
     results=("kv_cache", "value_cache"),
     result_like=(),
     returned=2,

@@ -47,6 +47,7 @@ def paged_attention(
     soft_cap: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     sinks: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,
@@ -62,15 +63,19 @@ def paged_attention(
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
     scales apply as logits * k_scale and out * v_scale; k_scales / v_scales [Hkv] or [1] (None or
     empty: none) multiply them per KV head. value_cache [P, page_size, Hkv, D] (None or empty:
-    none): V apart, kv_cache then holding K alone. sinks [Hq] (None or empty: none): head h's
+    none): V apart, kv_cache then holding K alone. kv_layout "HND": each cache is
+    [P, heads, page_size, D] instead of [P, page_size, heads, D]. sinks [Hq] (None or empty: none): head h's
     sink is one more logit in each of its rows, after scale, soft cap and mask, that joins the
     softmax and is dropped after it (gpt-oss's attention sinks). Rows at or past
     query_start_loc[num_seqs] are zero. Metadata must already be valid (the library's
     check_host_values).
     """
     _, num_q_heads, head_dim = query.shape
-    page_size = kv_cache.shape[1]
     separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    if kv_layout == "HND":  # read as NHD views: [P, page_size, heads, D]
+        kv_cache = kv_cache.transpose(1, 2)
+        value_cache = value_cache.transpose(1, 2) if separate else value_cache
+    page_size = kv_cache.shape[1]
     num_kv_heads = kv_cache.shape[2] if separate else kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads
     k_per_head = per_q_head(k_scales, k_scale, num_kv_heads, group, compute_dtype, query.device)
@@ -156,6 +161,7 @@ def kv_cache_update(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
@@ -165,8 +171,8 @@ def kv_cache_update(
     slot // page_size, row slot % page_size); negative slots are skipped. K heads (even) are
     stored divided by k_scale, V heads (odd) by v_scale (times k_scales / v_scales [Hkv] or [1]
     per KV head), rounded to the cache dtype; an fp8 cache saturates at +-448. With value_cache,
-    K goes to kv_cache and V to value_cache. Slots must be < num_pages * page_size (the
-    library's check_host_values).
+    K goes to kv_cache and V to value_cache; kv_layout "HND": caches [P, heads, page_size, D].
+    Slots must be < num_pages * page_size (the library's check_host_values).
     """
     if not ops.is_absent(value_cache):
         kv_cache_store(
@@ -176,6 +182,7 @@ def kv_cache_update(
             kv_cache,
             k_scale,
             v_scale,
+            kv_layout,
             k_scales=k_scales,
             v_scales=v_scales,
             value_cache=value_cache,
@@ -184,7 +191,7 @@ def kv_cache_update(
     scales = per_combined_head(
         k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
     )
-    _scatter(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None])
+    _scatter(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None], kv_layout)
 
 
 def kv_cache_store(
@@ -194,6 +201,7 @@ def kv_cache_store(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
@@ -208,6 +216,7 @@ def kv_cache_store(
             kv_cache,
             k_scale,
             v_scale,
+            kv_layout,
             k_scales=k_scales,
             v_scales=v_scales,
         )
@@ -215,21 +224,25 @@ def kv_cache_store(
     heads, device = key.shape[1], key.device
     k = per_kv_head(k_scales, k_scale, heads, torch.float32, device)
     v = per_kv_head(v_scales, v_scale, heads, torch.float32, device)
-    _scatter(kv_cache, slot_mapping, key.float() / k[None, :, None])
-    _scatter(value_cache, slot_mapping, value.float() / v[None, :, None])
+    _scatter(kv_cache, slot_mapping, key.float() / k[None, :, None], kv_layout)
+    _scatter(value_cache, slot_mapping, value.float() / v[None, :, None], kv_layout)
 
 
-def _scatter(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor) -> None:
-    """cache's row at slot_mapping[n] (a [P, page_size, ...] cache's page and row) = scaled[n],
+def _scatter(
+    cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor, kv_layout: str
+) -> None:
+    """cache's row at slot_mapping[n] (page slot // page_size, row slot % page_size of a
+    [P, page_size, heads, D] cache, or [P, heads, page_size, D] with kv_layout "HND") = scaled[n],
     rounded to the cache dtype (fp8: saturated at +-448); negative slots skipped. In place."""
-    rows = cache.view(-1, *cache.shape[2:])
     if cache.dtype == torch.float8_e4m3fn:
         scaled = scaled.clamp(-FP8_MAX, FP8_MAX)
     keep = slot_mapping >= 0
     values = scaled[keep].to(cache.dtype)
     if cache.dtype == torch.float8_e4m3fn:  # no float8 indexing kernels: write the bytes
-        rows, values = rows.view(torch.uint8), values.view(torch.uint8)
-    rows[slot_mapping[keep].long()] = values
+        cache, values = cache.view(torch.uint8), values.view(torch.uint8)
+    pages = cache.transpose(1, 2) if kv_layout == "HND" else cache  # a view: writes go through
+    slots = slot_mapping[keep].long()
+    pages[slots // pages.shape[1], slots % pages.shape[1]] = values
 
 
 def interleave_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,7 @@ def shard_map_call(
     """`xla_gpu_ops.jax.call(op, ...)` run under `jax.shard_map` with heads split on `axis`."""
     op = ops.get(op)
     operands = op.complete(operands)
+    head_sharding.check_layout(op, attrs)
     _check_mesh(op, _jax_ffi.present(operands), mesh, axis)
     # a result written into an optional operand left out is each shard's [0] stand-in: split
     # (still [0]; a replicated one would need a replication check shard_map cannot make)
@@ -284,6 +285,7 @@ def partitioned_call(
     # Errors here rather than inside the partitioner: an op without a rule, bad attributes,
     # head dimensions that do not fit the KV heads.
     head_sharding.check_split(op, [np.shape(x) for x in operands], 1, "one device")
+    head_sharding.check_layout(op, attrs)
     op.encode_attrs(attrs)
     static = tuple(sorted(attrs.items()))
     return _partitioned(op.name, abi)(*operands, static)

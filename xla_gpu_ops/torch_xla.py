@@ -269,6 +269,7 @@ def kv_cache_update_composite(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
@@ -285,6 +286,7 @@ def kv_cache_update_composite(
             kv_cache,
             k_scale,
             v_scale,
+            kv_layout,
             k_scales=k_scales,
             v_scales=v_scales,
             value_cache=value_cache,
@@ -292,7 +294,8 @@ def kv_cache_update_composite(
     scales = reference.per_combined_head(
         k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
     )
-    updated = _scatter_rows(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None])
+    scaled = new_kv.float() / scales[None, :, None]
+    updated = _scatter_rows(kv_cache, slot_mapping, scaled, kv_layout)
     return updated, kv_cache.new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE))
 
 
@@ -303,6 +306,7 @@ def kv_cache_store_composite(
     kv_cache: torch.Tensor,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
@@ -313,18 +317,35 @@ def kv_cache_store_composite(
     if ops.is_absent(value_cache):
         new_kv = reference.interleave_kv(key, value)
         return kv_cache_update_composite(
-            new_kv, slot_mapping, kv_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
+            new_kv,
+            slot_mapping,
+            kv_cache,
+            k_scale,
+            v_scale,
+            kv_layout,
+            k_scales=k_scales,
+            v_scales=v_scales,
         )
     heads, device = key.shape[1], key.device
     k = reference.per_kv_head(k_scales, k_scale, heads, torch.float32, device)
     v = reference.per_kv_head(v_scales, v_scale, heads, torch.float32, device)
     return (
-        _scatter_rows(kv_cache, slot_mapping, key.float() / k[None, :, None]),
-        _scatter_rows(value_cache, slot_mapping, value.float() / v[None, :, None]),
+        _scatter_rows(kv_cache, slot_mapping, key.float() / k[None, :, None], kv_layout),
+        _scatter_rows(value_cache, slot_mapping, value.float() / v[None, :, None], kv_layout),
     )
 
 
-def _scatter_rows(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor):
+def _scatter_rows(
+    cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor, kv_layout: str = "NHD"
+) -> torch.Tensor:
+    """_scatter_nhd on an HND cache [P, heads, page_size, D]: through its NHD transpose."""
+    if kv_layout == "HND":
+        nhd = _scatter_nhd(cache.transpose(1, 2).contiguous(), slot_mapping, scaled)
+        return nhd.transpose(1, 2).contiguous()
+    return _scatter_nhd(cache, slot_mapping, scaled)
+
+
+def _scatter_nhd(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.Tensor):
     """cache (a new tensor) with row slot_mapping[n] of its [P * page_size, ...] rows set to
     scaled[n], rounded to the cache dtype (fp8: saturated). An fp8 cache on an XLA device needs
     torch_xla >= 2.9: 2.7's XLA rounds float32 -> float8_e4m3fn off by one step for some values
@@ -375,6 +396,7 @@ def paged_attention_composite(
     soft_cap: float | None = None,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    kv_layout: str = "NHD",
     *,
     sinks: torch.Tensor | None = None,
     k_scales: torch.Tensor | None = None,
@@ -391,8 +413,11 @@ def paged_attention_composite(
     zeros. Inputs must already be checked (static shapes); bad metadata gives unspecified rows.
     """
     num_tokens, num_q_heads, head_dim = query.shape
-    _, page_size, cache_heads, _ = kv_cache.shape
     separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    if kv_layout == "HND":  # as NHD: [P, page_size, heads, D] (a transpose of the graph)
+        kv_cache = kv_cache.transpose(1, 2).contiguous()
+        value_cache = value_cache.transpose(1, 2).contiguous() if separate else value_cache
+    _, page_size, cache_heads, _ = kv_cache.shape
     num_kv_heads = cache_heads if separate else cache_heads // 2
     group = num_q_heads // num_kv_heads
     max_num_seqs, pages_per_seq = block_tables.shape

@@ -98,6 +98,7 @@ def call(
     head_sharding.check_split(
         op, [tuple(t.shape) for t in operands], size, head_sharding.axis_text(axis)
     )
+    head_sharding.check_layout(op, attrs)
     in_specs, out_specs = partition_specs(op, axis)
     # an absent optional operand is the [0] stand-in, replicated whatever the operand's rank
     in_specs = [

@@ -33,22 +33,26 @@ namespace xgo {
 namespace {
 
 // Everything static about one write. Element offsets of KV head h of token n: in the sources
-// n * src_token + h * src_head (V: + src_v, in value's buffer); in a cache
-// slot * cache_slot + h * cache_head (V: + cache_v, in value_cache's buffer when separate).
+// n * src_token + h * src_head (V: + src_v, in value's buffer); in a cache, for slot s at page
+// s / page_size, row s % page_size: page * cache_page + row * cache_row + h * cache_head (V:
+// + cache_v, in value_cache's buffer when separate). NHD or HND (kv_layout) is only strides.
 struct KvWrite {
   const char* op;
   int32_t dtype;        // the new rows
   int32_t cache_dtype;  // the cache(s): the rows' dtype or float8_e4m3fn
   int32_t slot_dtype;   // int32 or int64
-  int64_t num_tokens, num_kv_heads, head_dim, num_slots;
+  int64_t num_tokens, num_kv_heads, head_dim, num_slots, page_size;
   int64_t src_token, src_head, src_v;
-  int64_t cache_slot, cache_head, cache_v;
+  int64_t cache_page, cache_row, cache_head, cache_v;
   bool separate;  // V in value_cache
   float k_scale, v_scale;
   int64_t k_scales_len, v_scales_len;  // entries of k_scales / v_scales: 0 (none), 1 or Hkv
 
   // Elements of each cache buffer (one interleaved cache, or each of K and V).
-  int64_t cache_elems() const { return num_slots * cache_slot; }
+  int64_t cache_elems() const { return num_slots / page_size * cache_page; }
+  XGO_HOST_DEVICE int64_t CacheOffset(int64_t slot, int64_t kv_head) const {
+    return slot / page_size * cache_page + slot % page_size * cache_row + kv_head * cache_head;
+  }
 };
 
 // The buffers of one write. Interleaved sources: value == key; one cache: value_cache and
@@ -78,7 +82,8 @@ struct KvRows {
 // value_cache or its absent [0] stand-in).
 int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const Shape& cache,
                         const Shape& value_cache, const Shape& k_scales, const Shape& v_scales,
-                        float k_scale, float v_scale, KvWrite* w, XgoResults* results) {
+                        float k_scale, float v_scale, int64_t kv_layout, KvWrite* w,
+                        XgoResults* results) {
   const Shape& key = *rows.key;
   const bool apart = rows.value != nullptr;
   // value_cache absent: the [0] array every front end passes for a left-out optional operand
@@ -120,15 +125,20 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                   cache.Text().c_str());
     }
   }
-  if (!separate && cache.dims[2] % 2 != 0) {
+  XGO_RETURN_IF_FAILED(CheckKvLayout(op, kv_layout));
+  const bool head_major = kv_layout == kKvLayoutHnd;
+  // The cache's dims of heads and of a page's rows: [P, page_size, heads, D] or (HND) swapped.
+  const int heads_dim = head_major ? 1 : 2;
+  const int64_t heads = cache.dims[heads_dim], page_size = cache.dims[3 - heads_dim];
+  if (!separate && heads % 2 != 0) {
     return Fail(XGO_INVALID_ARGUMENT,
-                "%s: kv_cache: dim 2 must be 2 * num_kv_heads (K and V interleaved), got %lld; "
+                "%s: kv_cache: dim %d must be 2 * num_kv_heads (K and V interleaved), got %lld; "
                 "give value_cache for K and V in caches of their own",
-                op, static_cast<long long>(cache.dims[2]));
+                op, heads_dim, static_cast<long long>(heads));
   }
   // Per source row and per cache row, heads as the interleaved layout counts them (K and V).
   const int64_t source_heads = apart ? 2 * key.dims[1] : key.dims[1];
-  const int64_t cache_heads = separate ? 2 * cache.dims[2] : cache.dims[2];
+  const int64_t cache_heads = separate ? 2 * heads : heads;
   if (source_heads != cache_heads || key.dims[2] != cache.dims[3]) {
     const char* rows_of = apart ? "[Hkv, D]" : "[2 * Hkv, D]";
     const char* cache_of = separate ? "[Hkv, D]" : "[2 * Hkv, D]";
@@ -150,8 +160,8 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
   }
   // The kernel indexes a cache row with int and a whole cache with int64: both must fit.
   int64_t row = 0, num_slots = 0, cache_elems = 0;
-  if (__builtin_mul_overflow(cache.dims[2], cache.dims[3], &row) || row > INT32_MAX ||
-      __builtin_mul_overflow(cache.dims[0], cache.dims[1], &num_slots) ||
+  if (__builtin_mul_overflow(heads, cache.dims[3], &row) || row > INT32_MAX ||
+      __builtin_mul_overflow(cache.dims[0], page_size, &num_slots) ||
       __builtin_mul_overflow(num_slots, row, &cache_elems)) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s is too large", op,
                 cache.Text().c_str());
@@ -160,6 +170,8 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
   XGO_RETURN_IF_FAILED(CheckScales(op, "k_scale", k_scales, num_kv_heads));
   XGO_RETURN_IF_FAILED(CheckScales(op, "v_scale", v_scales, num_kv_heads));
   const int64_t apart_row = num_kv_heads * head_dim;
+  // A cache's next combined head: + D (NHD) or + page_size * D (HND); interleaved V is the next.
+  const int64_t next_head = head_major ? page_size * head_dim : head_dim;
   *w = KvWrite{op,
                key.dtype,
                cache.dtype,
@@ -168,12 +180,14 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                num_kv_heads,
                head_dim,
                num_slots,
+               page_size,
                apart ? apart_row : 2 * apart_row,
                apart ? head_dim : 2 * head_dim,
                apart ? 0 : head_dim,
-               separate ? apart_row : 2 * apart_row,
-               separate ? head_dim : 2 * head_dim,
-               separate ? 0 : head_dim,
+               page_size * heads * head_dim,
+               head_major ? head_dim : heads * head_dim,
+               separate ? next_head : 2 * next_head,
+               separate ? 0 : next_head,
                separate,
                k_scale,
                v_scale,
@@ -227,7 +241,7 @@ __global__ void __launch_bounds__(kKvWriteThreads)
       const In* source = is_v ? value + w.src_v : key;
       Out* target = is_v ? v_cache + w.cache_v : k_cache;
       const float scale = is_v ? scales.V(h) : scales.K(h);
-      target[slot * w.cache_slot + h * w.cache_head + d] =
+      target[w.CacheOffset(slot, h) + d] =
           FromFloat<Out>(ToFloat(source[n * w.src_token + h * w.src_head + d]) / scale);
     }
   }
@@ -314,7 +328,7 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
         for (int64_t h = 0; h < w.num_kv_heads; ++h) {
           const float k_scale = scales.K(h), v_scale = scales.V(h);
           const int64_t from = n * w.src_token + h * w.src_head;
-          const int64_t to = slot * w.cache_slot + h * w.cache_head;
+          const int64_t to = w.CacheOffset(slot, h);
           for (int64_t d = 0; d < w.head_dim; ++d) {
             k_cache[to + d] = Out::Store(In::Load(key[from + d]) / k_scale);
             v_cache[to + d] = Out::Store(In::Load(value[from + d]) / v_scale);

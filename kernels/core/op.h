@@ -95,6 +95,16 @@ int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
 int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,
                     int64_t num_kv_heads);
 
+// The kv_layout attribute of the ops that read or write a paged cache: its choice's index in
+// xla_gpu_ops/ops.py KV_LAYOUT. The dims of a cache [P, a, b, D]: NHD a = page_size, b = heads;
+// HND a = heads, b = page_size.
+enum KvLayout : int64_t { kKvLayoutNhd = 0, kKvLayoutHnd = 1 };
+inline int32_t CheckKvLayout(const char* op, int64_t layout) {
+  if (layout == kKvLayoutNhd || layout == kKvLayoutHnd) return XGO_OK;
+  return Fail(XGO_INVALID_ARGUMENT, "%s: kv_layout: %lld is neither 0 (NHD) nor 1 (HND)", op,
+              static_cast<long long>(layout));
+}
+
 // Adds an op to the library's table (XGO_DEFINE_OP, while the library loads); false when the
 // table is full (the package then reports the op as missing).
 bool RegisterOp(const XgoOpInfo* info);

@@ -28,10 +28,12 @@ struct KvCacheUpdate {
   struct Attrs {
     float k_scale;
     float v_scale;
+    int64_t kv_layout;  // KvLayout (core/op.h)
   };
-  static constexpr std::array<AttrSpec, 2> kAttrs = {{
+  static constexpr std::array<AttrSpec, 3> kAttrs = {{
       {"k_scale", XGO_ATTR_F32, offsetof(Attrs, k_scale)},
       {"v_scale", XGO_ATTR_F32, offsetof(Attrs, v_scale)},
+      {"kv_layout", XGO_ATTR_I64, offsetof(Attrs, kv_layout)},
   }};
   using Config = KvWrite;
 
@@ -39,7 +41,8 @@ struct KvCacheUpdate {
     const Shape* o = call.operands;
     return DescribeKvWrite(kName, KvRows{"new_kv", &o[kNewKv], nullptr}, o[kSlotMapping],
                            o[kKvCache], o[kValueCache], o[kKScales], o[kVScales],
-                           call.attrs.k_scale, call.attrs.v_scale, config, results);
+                           call.attrs.k_scale, call.attrs.v_scale, call.attrs.kv_layout, config,
+                           results);
   }
   static KvWriteBuffers Buffers(void* const* b) {
     return {b[kNewKv],   b[kNewKv],      b[kSlotMapping], b[kKScales],    b[kVScales],

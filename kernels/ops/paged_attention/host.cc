@@ -93,9 +93,11 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   S* out_data = static_cast<S*>(out);
   const int64_t D = c.head_dim;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
-  // V: its own cache, or the odd heads of kv_cache (PagedAttentionConfig::kv_slot_stride)
-  const KS* v_data = c.separate_kv ? static_cast<const KS*>(value_cache) : kv_data + D;
-  const int64_t slot_stride = c.kv_slot_stride(), head_stride = c.kv_head_stride();
+  // V: its own cache, or the next combined head of kv_cache (PagedAttentionConfig strides)
+  const KS* v_data =
+      c.separate_kv ? static_cast<const KS*>(value_cache) : kv_data + c.kv_interleaved_v_offset();
+  const int64_t page_stride = c.kv_page_stride(), row_stride = c.kv_row_stride();
+  const int64_t head_stride = c.kv_head_stride();
   const bool capped = c.soft_cap > 0.0f;
   const KvScales scales =
       MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len, k_scales, v_scales);
@@ -122,7 +124,7 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
       for (int64_t pos = 0; pos < kv_len; ++pos) {
         const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
         const int64_t at =
-            (page * c.page_size + pos % c.page_size) * slot_stride + kv_head * head_stride;
+            page * page_stride + (pos % c.page_size) * row_stride + kv_head * head_stride;
         const KS* k = kv_data + at;
         const KS* v = v_data + at;
         for (int64_t d = 0; d < D; ++d) {

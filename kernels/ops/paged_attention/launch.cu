@@ -319,8 +319,9 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.v_offset = c.separate_kv ? (reinterpret_cast<intptr_t>(buffers[kValueCache]) -
                                      reinterpret_cast<intptr_t>(buffers[kKvCache])) /
                                         DtypeSize(c.kv_dtype)
-                                  : c.head_dim;
-  params.kv_slot_stride = c.kv_slot_stride();
+                                  : c.kv_interleaved_v_offset();
+  params.kv_page_stride = c.kv_page_stride();
+  params.kv_row_stride = static_cast<int>(c.kv_row_stride());
   params.kv_head_stride = static_cast<int>(c.kv_head_stride());
   params.context_lens = static_cast<const int32_t*>(buffers[kContextLens]);
   params.block_tables = static_cast<const int32_t*>(buffers[kBlockTables]);

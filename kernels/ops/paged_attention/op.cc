@@ -83,20 +83,30 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                 "none, got %s",
                 static_cast<long long>(query.dims[1]), sinks.Text().c_str());
   }
+  XGO_RETURN_IF_FAILED(CheckKvLayout(kOp, call.attrs.kv_layout));
+  const bool head_major = call.attrs.kv_layout == kKvLayoutHnd;
+  // The cache's dims of heads and of a page's rows: [P, page_size, heads, D] or (HND) swapped.
+  const int heads_dim = head_major ? 1 : 2, page_dim = head_major ? 2 : 1;
+  const int64_t cache_heads = kv_cache.dims[heads_dim];
   const int64_t head_dim = query.dims[2];
   if (kv_cache.dims[3] != head_dim) {
     return Fail(XGO_INVALID_ARGUMENT,
                 "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
                 static_cast<long long>(kv_cache.dims[3]), static_cast<long long>(head_dim));
   }
-  if (!separate_kv && (kv_cache.dims[2] <= 0 || kv_cache.dims[2] % 2 != 0)) {
+  if (!separate_kv && (cache_heads <= 0 || cache_heads % 2 != 0)) {
     return Invalid("kv_cache",
-                   "dim 2 must be 2 * num_kv_heads (K and V interleaved; K and V apart: give "
-                   "value_cache)",
-                   kv_cache.dims[2]);
+                   head_major ? "dim 1 must be 2 * num_kv_heads (kv_layout HND; K and V "
+                                "interleaved; K and V apart: give value_cache)"
+                              : "dim 2 must be 2 * num_kv_heads (K and V interleaved; K and V "
+                                "apart: give value_cache)",
+                   cache_heads);
   }
-  if (separate_kv && kv_cache.dims[2] <= 0) {
-    return Invalid("kv_cache", "dim 2 (num_kv_heads) must be positive", kv_cache.dims[2]);
+  if (separate_kv && cache_heads <= 0) {
+    return Invalid("kv_cache",
+                   head_major ? "dim 1 (num_kv_heads, kv_layout HND) must be positive"
+                              : "dim 2 (num_kv_heads) must be positive",
+                   cache_heads);
   }
   const int64_t max_num_seqs = context_lens.dims[0];
   if (block_tables.dims[0] != max_num_seqs) {
@@ -121,9 +131,10 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.num_q_heads = query.dims[1];
   c.head_dim = head_dim;
   c.num_pages = kv_cache.dims[0];
-  c.page_size = kv_cache.dims[1];
+  c.page_size = kv_cache.dims[page_dim];
   c.separate_kv = separate_kv;
-  c.num_kv_heads = separate_kv ? kv_cache.dims[2] : kv_cache.dims[2] / 2;
+  c.head_major = head_major;
+  c.num_kv_heads = separate_kv ? cache_heads : cache_heads / 2;
   c.max_num_seqs = max_num_seqs;
   c.pages_per_seq = block_tables.dims[1];
   c.sliding_window = call.attrs.sliding_window;

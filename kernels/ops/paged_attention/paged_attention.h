@@ -67,13 +67,15 @@ struct PagedAttention {
     float soft_cap;
     float k_scale;
     float v_scale;
+    int64_t kv_layout;  // KvLayout (core/op.h)
   };
-  static constexpr std::array<AttrSpec, 5> kAttrs = {{
+  static constexpr std::array<AttrSpec, 6> kAttrs = {{
       {"scale", XGO_ATTR_F32, offsetof(Attrs, scale)},
       {"sliding_window", XGO_ATTR_I64, offsetof(Attrs, sliding_window)},
       {"soft_cap", XGO_ATTR_F32, offsetof(Attrs, soft_cap)},
       {"k_scale", XGO_ATTR_F32, offsetof(Attrs, k_scale)},
       {"v_scale", XGO_ATTR_F32, offsetof(Attrs, v_scale)},
+      {"kv_layout", XGO_ATTR_I64, offsetof(Attrs, kv_layout)},
   }};
   // The call's static facts and its plan from the shapes, made once per call by Describe; Launch
   // places the plan on the device it runs on (PlaceOnDevice).

@@ -37,9 +37,10 @@ struct PagedAttentionParams {
   // V's address minus K's, in elements: head_dim when interleaved, else value_cache - kv_cache
   // (one 64-bit parameter read where a V row is addressed, not a second pointer in registers).
   int64_t v_offset;
-  // Elements between consecutive cache slots and between KV heads, the same for K and V
-  // (PagedAttentionConfig::kv_slot_stride, kv_head_stride).
-  int64_t kv_slot_stride;
+  // Elements between a cache's pages, a page's rows and its KV heads, the same for K and V
+  // (PagedAttentionConfig::kv_page_stride, kv_row_stride, kv_head_stride: NHD or HND).
+  int64_t kv_page_stride;
+  int kv_row_stride;
   int kv_head_stride;
   const int32_t* context_lens;
   const int32_t* block_tables;

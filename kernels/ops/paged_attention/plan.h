@@ -34,12 +34,17 @@ struct PagedAttentionConfig {
   // Entries of k_scales / v_scales: 0 (none), 1 (one for every KV head) or num_kv_heads.
   int64_t k_scales_len, v_scales_len;
   bool separate_kv;  // V in value_cache, kv_cache holding K alone; else interleaved in kv_cache
+  bool
+      head_major;  // kv_layout "HND": [P, heads, page_size, D]; else "NHD" [P, page_size, heads, D]
 
-  // Elements between a cache's consecutive slots (rows of a page) and between its KV heads; K of
-  // head h in slot s at kv_cache + s * slot_stride + h * head_stride, V likewise from value_cache,
-  // or from kv_cache + head_dim when interleaved.
-  int64_t kv_slot_stride() const { return (separate_kv ? 1 : 2) * num_kv_heads * head_dim; }
-  int64_t kv_head_stride() const { return (separate_kv ? 1 : 2) * head_dim; }
+  // Strides in elements, the same for K and V. K of KV head h at page p, row r is at kv_cache +
+  // p * kv_page_stride + r * kv_row_stride + h * kv_head_stride; V likewise in value_cache, or at
+  // + kv_interleaved_v_offset from K when interleaved (the next combined head).
+  int64_t kv_cache_heads() const { return (separate_kv ? 1 : 2) * num_kv_heads; }
+  int64_t kv_row_stride() const { return head_major ? head_dim : kv_cache_heads() * head_dim; }
+  int64_t kv_interleaved_v_offset() const { return head_major ? page_size * head_dim : head_dim; }
+  int64_t kv_head_stride() const { return (separate_kv ? 1 : 2) * kv_interleaved_v_offset(); }
+  int64_t kv_page_stride() const { return page_size * kv_cache_heads() * head_dim; }
 };
 
 // Workspace (float32 elements), in this order:

@@ -90,7 +90,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // buffer. An interleaved cache is one map for K and V (heads 2 h and 2 h + 1), K and V caches of
 // their own a map each. Left with box_rows 0 (cp.async only) where the page size is not a multiple
 // of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile, a cache is
-// not 16-byte aligned or has more than INT32_MAX slots, or the driver refuses: the kernel is
+// not 16-byte aligned or has more than INT32_MAX slots, the cache is HND, or the driver refuses
+// (HND: no map yet): the kernel is
 // correct either way.
 template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
@@ -104,11 +105,14 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
   const bool interleaved = params.kv_head_stride == 2 * kD;
+  // NHD rows (a slot's heads side by side): the maps' (d, head, slot) view; HND goes by cp.async
+  const int64_t heads_per_row = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
+  const bool nhd = params.kv_row_stride == heads_per_row * kD;
   const char* keys = static_cast<const char*>(params.kv_cache);
   const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's row + kD
   if (rows % 8 != 0 || !tiles_fit || reinterpret_cast<uintptr_t>(keys) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(values) % 16 != 0 || params.num_pages <= 0 || slots > INT32_MAX ||
-      encode == nullptr) {
+      encode == nullptr || !nhd) {
     return kv_map;
   }
   const int heads = static_cast<int>(interleaved ? 2 * params.num_kv_heads : params.num_kv_heads);

@@ -409,7 +409,7 @@ struct Sm90KeyWalk {
       : key(range.key_base + range.tile_begin * kN + t),
         page(t < kN && key < range.key_end ? table[FastDiv(p.page_size_div, key)] : -1) {}
 
-  // This thread's key of the current tile: its cache offset (slot x kv_slot_stride elements; -1:
+  // This thread's key of the current tile: its cache offset (page and row strides; -1:
   // zero-fill) into `table_now`, and its slot returned (TMA's coordinate, 32-bit
   // only where the launcher made a tensor map, i.e. the cache has at most INT32_MAX slots). Then
   // on to the next tile.
@@ -422,7 +422,8 @@ struct Sm90KeyWalk {
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t slot64 = static_cast<int64_t>(page) * p.page_size + in_page;
       slot = static_cast<int>(slot64);
-      offset = slot64 * p.kv_slot_stride;
+      offset = static_cast<int64_t>(page) * p.kv_page_stride +
+               static_cast<int64_t>(in_page) * p.kv_row_stride;
     }
     table_now[t] = offset;
     key += kN;
@@ -459,7 +460,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
   const int row0 = t / Cfg::kChunksPerRow;
   if (num_tiles <= 0) return;  // an empty split: the consumers skip every barrier too
 
-  // K and V of this kv head in cache slot 0; slot s at + s * kv_slot_stride elements.
+  // K and V of this kv head at page 0, row 0; the key table holds each key's offset from it.
   const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride;
   const T* k_head = static_cast<const T*>(p.kv_cache) + head_offset;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.seq) * p.pages_per_seq;

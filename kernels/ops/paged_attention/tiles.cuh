@@ -444,7 +444,8 @@ struct KvTileLoader {
   __device__ __forceinline__ void Issue(const PagedAttentionParams& p, const TileWork& w, int key0,
                                         int key_end, T* s_k, T* s_v) {
     const T* kv = static_cast<const T*>(p.kv_cache);
-    const int64_t slot_stride = p.kv_slot_stride;
+    const int64_t page_stride = p.kv_page_stride;
+    const int row_stride = p.kv_row_stride;
     const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
     const int col = (static_cast<int>(threadIdx.x) % kChunksPerRow) * kChunk;
     const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride + col;
@@ -457,8 +458,8 @@ struct KvTileLoader {
       bad_page |= key < key_end && !in_range;
       const bool valid = key < key_end && in_range;  // never read outside the cache
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-      const int64_t slot = static_cast<int64_t>(pages[i]) * p.page_size + in_page;
-      const T* src_k = valid ? k_head + slot * slot_stride : kv;
+      const int64_t at = static_cast<int64_t>(pages[i]) * page_stride + in_page * row_stride;
+      const T* src_k = valid ? k_head + at : kv;
       const T* src_v = valid ? src_k + p.v_offset : kv;
       const int dst = Dst(key_local, col);
       if constexpr (kEvictFirst) {

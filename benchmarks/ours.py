@@ -62,10 +62,11 @@ def op_paged_attention(
     k_scales=None,
     v_scales=None,
     value_cache=None,
+    kv_layout="NHD",
 ):
     """torch.ops.xla_gpu.paged_attention: the registered op (CPU reference, CUDA kernel);
     k_scales / v_scales: the scale tensors (probe scales); value_cache: V in a cache of its own,
-    kv_cache then holds K (probe layouts)."""
+    kv_cache then holds K, and kv_layout (probe layouts)."""
     import torch
 
     import xla_gpu_ops  # noqa: F401  (registers torch.ops.xla_gpu.*)
@@ -89,6 +90,8 @@ def op_paged_attention(
     )
     if value_cache is not None:
         tensors["value_cache"] = value_cache
+    if kv_layout != "NHD":
+        tensors["kv_layout"] = kv_layout
     return torch.ops.xla_gpu.paged_attention(*args, sinks=sinks, **tensors)[0]
 
 

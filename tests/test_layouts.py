@@ -353,3 +353,21 @@ def test_the_sharding_wrappers_refuse_hnd_by_name():
     with pytest.raises(ValueError, match=r"paged_attention: kv_layout: 'HND'; the sharding"):
         head_sharding.check_layout(ops.PAGED_ATTENTION, {"kv_layout": "HND"})
     head_sharding.check_layout(ops.PAGED_ATTENTION, {"kv_layout": "NHD"})
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_cache_view_the_kernels_cannot_read_is_refused_on_cuda():
+    """FlashInfer's [P, 2, page_size, Hkv, D] cache: its K half cache[:, 0] is a view with a page
+    stride of two halves. Eager CUDA refuses it naming kv_cache rather than copying the whole
+    cache on every call; its contiguous copy (and the unbind(0) halves) is read in place."""
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.bfloat16, 0)
+    data = {n: data[n].cuda() for n in OPERANDS}
+    key_cache, value_cache = split(data["kv_cache"])
+    both = torch.stack([key_cache, value_cache], dim=1)  # [P, 2, page_size, Hkv, D]
+    with pytest.raises(
+        ValueError, match=r"paged_attention: kv_cache: strides .* cannot be read in"
+    ):
+        attend({**data, "kv_cache": both[:, 0]}, value_cache=both[:, 1])
+    out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache)
+    assert rel_l2(out, attend(data)) < 1e-6

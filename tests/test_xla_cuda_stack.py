@@ -261,7 +261,9 @@ def test_paged_attention_custom_call_abi_in_hlo(monkeypatch, abi):
     ]
     # sinks, scales, value_cache: none, [0]
     dtypes = ["float16", "float16"] + ["int32"] * 4 + ["float32"] * 4
-    config = _library.make_call(ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0))
+    config = _library.make_call(
+        ops.PAGED_ATTENTION, shapes, dtypes, (0.0625, 40, 30.0, 1.0, 1.0, 0)
+    )
     (workspace,) = _library.describe(ops.PAGED_ATTENTION, config)[-1].shape
     # outputs: (out, lse, float32 workspace sized from static shapes)
     assert (

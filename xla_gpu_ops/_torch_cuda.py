@@ -111,7 +111,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
 
     def checked(tensors, device) -> list[torch.Tensor]:
         """The operands on `device`, contiguous and 16-byte aligned (copies where they are not,
-        except for operands written in place), or ValueError naming the operand."""
+        except for operands written in place or read in place), or ValueError naming the
+        operand."""
         tensors = list(tensors)
         for i in host_ok:  # e.g. num_seqs kept on the host by a serving loop
             if tensors[i].device.type == "cpu" and device.type == "cuda":
@@ -128,6 +129,14 @@ def make_kernel(op: ops.Op, functional: bool = False):
                     raise ValueError(
                         f"{op.name}: {op.operands[i].name}: must be contiguous and 16-byte aligned "
                         "(it is updated in place)"
+                    )
+                if op.operands[i].in_place:
+                    raise ValueError(
+                        f"{op.name}: {op.operands[i].name}: strides {tuple(t.stride())} at offset "
+                        f"{t.data_ptr() % 16} mod 16 bytes cannot be read in place; a copy per "
+                        "call would move the whole cache. The kernels read a contiguous, 16-byte "
+                        "aligned cache: [P, page_size, heads, D], or [P, heads, page_size, D] "
+                        "with kv_layout='HND' (vLLM's cache.unbind(0) halves are such caches)"
                     )
                 tensors[i] = _dense(t)
         return tensors

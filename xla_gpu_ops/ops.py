@@ -51,6 +51,9 @@ class Operand:
     # a host_ok operand may also be a Python int (num_seqs). The library only sees cast_to.
     converts: tuple[str, ...] = ()
     cast_to: str = ""
+    # Read where it lies, never copied (a KV cache: a copy per call would move all of it): eager
+    # CUDA refuses a view the kernels cannot read, naming what to pass instead.
+    in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -643,6 +646,7 @@ PAGED_ATTENTION = Op(
             "query's or float8_e4m3fn",
             "[P, page_size, 2*Hkv, D] (K even, V odd heads); with value_cache: K alone, "
             "[P, page_size, Hkv, D]",
+            in_place=True,
         ),
         Operand(
             "context_lens", 1, _INDEX, "[S]", values_checked=True, converts=_INT64, cast_to="int32"
@@ -693,6 +697,7 @@ PAGED_ATTENTION = Op(
             "[P, page_size, Hkv, D]: V apart from K (kv_cache then holds K alone, the same shape: "
             "vLLM's cache.unbind(0), transformers' paged cache); None: interleaved in kv_cache",
             optional=True,
+            in_place=True,
         ),
     ),
     attrs=(

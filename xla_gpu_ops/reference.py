@@ -135,14 +135,6 @@ def per_kv_head(
     return out
 
 
-def per_combined_head(k_scales, k_scale, v_scales, v_scale, num_kv_heads: int, device):
-    """[2 * Hkv] float32: the K and V scale of each head of an interleaved cache row (K at even,
-    V at odd heads), as per_kv_head makes them."""
-    k = per_kv_head(k_scales, k_scale, num_kv_heads, torch.float32, device)
-    v = per_kv_head(v_scales, v_scale, num_kv_heads, torch.float32, device)
-    return torch.stack([k, v], dim=1).reshape(-1)
-
-
 def per_q_head(scales, scale, num_kv_heads: int, group: int, dtype, device) -> torch.Tensor:
     """[Hq]: per_kv_head's scale of each query head's KV head."""
     return per_kv_head(scales, scale, num_kv_heads, dtype, device).repeat_interleave(group)
@@ -174,24 +166,11 @@ def kv_cache_update(
     K goes to kv_cache and V to value_cache; kv_layout "HND": caches [P, heads, page_size, D].
     Slots must be < num_pages * page_size (the library's check_host_values).
     """
-    if not ops.is_absent(value_cache):
-        kv_cache_store(
-            new_kv[:, 0::2],
-            new_kv[:, 1::2],
-            slot_mapping,
-            kv_cache,
-            k_scale,
-            v_scale,
-            kv_layout,
-            k_scales=k_scales,
-            v_scales=v_scales,
-            value_cache=value_cache,
-        )
-        return
-    scales = per_combined_head(
-        k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
-    )
-    _scatter(kv_cache, slot_mapping, new_kv.float() / scales[None, :, None], kv_layout)
+    scales = {"k_scales": k_scales, "v_scales": v_scales}
+    for cache, rows in cache_writes(
+        new_kv[:, 0::2], new_kv[:, 1::2], kv_cache, value_cache, k_scale, v_scale, **scales
+    ):
+        _scatter(cache, slot_mapping, rows, kv_layout)
 
 
 def kv_cache_store(
@@ -209,23 +188,21 @@ def kv_cache_store(
 ) -> None:
     """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads), or
     with value_cache, of key into kv_cache and value into value_cache."""
-    if ops.is_absent(value_cache):
-        kv_cache_update(
-            interleave_kv(key, value),
-            slot_mapping,
-            kv_cache,
-            k_scale,
-            v_scale,
-            kv_layout,
-            k_scales=k_scales,
-            v_scales=v_scales,
-        )
-        return
+    scales = {"k_scales": k_scales, "v_scales": v_scales}
+    for cache, rows in cache_writes(key, value, kv_cache, value_cache, k_scale, v_scale, **scales):
+        _scatter(cache, slot_mapping, rows, kv_layout)
+
+
+def cache_writes(key, value, kv_cache, value_cache, k_scale, v_scale, *, k_scales, v_scales):
+    """[(cache, rows [N, heads, D] float32)] of one write of key and value [N, Hkv, D], each
+    divided by its scale per KV head: the interleaved rows into kv_cache, or (value_cache given)
+    K into kv_cache and V into value_cache. The reference and the composite scatter them."""
     heads, device = key.shape[1], key.device
-    k = per_kv_head(k_scales, k_scale, heads, torch.float32, device)
-    v = per_kv_head(v_scales, v_scale, heads, torch.float32, device)
-    _scatter(kv_cache, slot_mapping, key.float() / k[None, :, None], kv_layout)
-    _scatter(value_cache, slot_mapping, value.float() / v[None, :, None], kv_layout)
+    k = key.float() / per_kv_head(k_scales, k_scale, heads, torch.float32, device)[:, None]
+    v = value.float() / per_kv_head(v_scales, v_scale, heads, torch.float32, device)[:, None]
+    if ops.is_absent(value_cache):
+        return [(kv_cache, interleave_kv(k, v))]
+    return [(kv_cache, k), (value_cache, v)]
 
 
 def _scatter(
@@ -247,7 +224,7 @@ def _scatter(
 
 def interleave_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """key, value [N, Hkv, D] -> the cache rows [N, 2*Hkv, D]: K at even, V at odd heads."""
-    return torch.stack([key, value], dim=2).reshape(key.shape[0], -1, key.shape[2])
+    return torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * key.shape[1], key.shape[2])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

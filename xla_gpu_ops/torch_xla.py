@@ -278,25 +278,18 @@ def kv_cache_update_composite(
     """The updated caches (new tensors; without value_cache, the second is the empty float32 [0]
     that stands for it), each as one scatter with static shapes: no host sync, no data-dependent
     shape."""
-    if not ops.is_absent(value_cache):
-        return kv_cache_store_composite(
-            new_kv[:, 0::2],
-            new_kv[:, 1::2],
-            slot_mapping,
-            kv_cache,
-            k_scale,
-            v_scale,
-            kv_layout,
-            k_scales=k_scales,
-            v_scales=v_scales,
-            value_cache=value_cache,
-        )
-    scales = reference.per_combined_head(
-        k_scales, k_scale, v_scales, v_scale, new_kv.shape[1] // 2, new_kv.device
+    return kv_cache_store_composite(
+        new_kv[:, 0::2],
+        new_kv[:, 1::2],
+        slot_mapping,
+        kv_cache,
+        k_scale,
+        v_scale,
+        kv_layout,
+        k_scales=k_scales,
+        v_scales=v_scales,
+        value_cache=value_cache,
     )
-    scaled = new_kv.float() / scales[None, :, None]
-    updated = _scatter_rows(kv_cache, slot_mapping, scaled, kv_layout)
-    return updated, kv_cache.new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE))
 
 
 def kv_cache_store_composite(
@@ -312,27 +305,14 @@ def kv_cache_store_composite(
     v_scales: torch.Tensor | None = None,
     value_cache: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """kv_cache_update's composite: on the interleaved rows (one fused gather under XLA), or with
-    value_cache, one scatter into each cache."""
-    if ops.is_absent(value_cache):
-        new_kv = reference.interleave_kv(key, value)
-        return kv_cache_update_composite(
-            new_kv,
-            slot_mapping,
-            kv_cache,
-            k_scale,
-            v_scale,
-            kv_layout,
-            k_scales=k_scales,
-            v_scales=v_scales,
-        )
-    heads, device = key.shape[1], key.device
-    k = reference.per_kv_head(k_scales, k_scale, heads, torch.float32, device)
-    v = reference.per_kv_head(v_scales, v_scale, heads, torch.float32, device)
-    return (
-        _scatter_rows(kv_cache, slot_mapping, key.float() / k[None, :, None], kv_layout),
-        _scatter_rows(value_cache, slot_mapping, value.float() / v[None, :, None], kv_layout),
+    """kv_cache_update's composite with K and V apart (one fused gather under XLA)."""
+    writes = reference.cache_writes(
+        key, value, kv_cache, value_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
     )
+    updated = [_scatter_rows(cache, slot_mapping, rows, kv_layout) for cache, rows in writes]
+    if len(updated) == 1:  # value_cache left out: its result is the [0] stand-in
+        updated.append(kv_cache.new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE)))
+    return updated[0], updated[1]
 
 
 def _scatter_rows(

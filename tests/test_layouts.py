@@ -1,10 +1,10 @@
-"""paged_attention over K and V in caches of their own (`value_cache`), and the cache writes into
-them (kv_cache_store, kv_cache_update): the [P, page_size, Hkv, D]
-(NHD) layout of vLLM's FlashAttention and FlashInfer backends (`cache.unbind(0)` of
-[2, P, page_size, Hkv, D]), FlashInfer's xqa and transformers' paged cache, read in place. Checked
-against the interleaved call on the same values, on every kernel path where there is a GPU
-(decode, mma.sync and sm_90a prefill, f32, fp8) and on the CPU routes here; bad pairs of caches
-are refused naming value_cache."""
+"""Cache layouts besides the interleaved NHD cache: K and V in caches of their own
+(`value_cache`, [P, page_size, Hkv, D]: vLLM's FlashAttention and FlashInfer backends'
+`cache.unbind(0)` halves, FlashInfer's xqa, transformers' paged cache) and the HND order
+(`kv_layout="HND"`, [P, heads, page_size, D]), read by paged_attention and written by
+kv_cache_store and kv_cache_update in place. Checked against the interleaved NHD call on the same
+values, on every kernel path where there is a GPU (decode, mma.sync and sm_90a prefill, f32, fp8)
+and on the CPU routes here; bad caches and layouts are refused by name."""
 
 from __future__ import annotations
 
@@ -39,22 +39,48 @@ def split(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return key_cache, value_cache
 
 
+def to_hnd(cache: torch.Tensor) -> torch.Tensor:
+    """An NHD cache [P, page_size, heads, D] as the HND cache with its values, [P, heads,
+    page_size, D] (FlashInfer's other layout)."""
+    return cache.transpose(1, 2).contiguous()
+
+
 def attend(data: dict, **kwargs):
     return xla_gpu_ops.paged_attention(*[data[n] for n in OPERANDS], scale=SCALE, **kwargs)
 
 
+LAYOUTS = {  # the caches of a test: (kv_layout, K and V apart)
+    "separate": ("NHD", True),
+    "hnd": ("HND", False),
+    "hnd-separate": ("HND", True),
+}
+
+
+def in_layout(layout: str, kv_cache: torch.Tensor) -> dict:
+    """The interleaved NHD cache's values as the caches and kv_layout of `layout`: the keyword
+    arguments of the call (kv_cache, value_cache where apart, kv_layout)."""
+    kv_layout, separate = LAYOUTS[layout]
+    caches = dict(zip(("kv_cache", "value_cache"), split(kv_cache), strict=True))
+    if not separate:
+        caches = {"kv_cache": kv_cache}
+    if kv_layout == "HND":
+        caches = {name: to_hnd(c) for name, c in caches.items()}
+    return {**caches, "kv_layout": kv_layout}
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_separate_caches_equal_the_interleaved_one(batch, dtype, device):
+def test_layouts_equal_the_interleaved_nhd_cache(batch, layout, dtype, device):
     seed = fresh_seed()
     data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, dtype, seed, pad_tokens=2)
     data = {n: data[n].to(device) for n in OPERANDS}
     attrs = {"sliding_window": 40, "soft_cap": 20.0}
     expected, expected_lse = attend(data, **attrs, return_lse=True)
-    key_cache, value_cache = split(data["kv_cache"])
+    caches = in_layout(layout, data["kv_cache"])
     out, lse = attend(
-        {**data, "kv_cache": key_cache}, value_cache=value_cache, **attrs, return_lse=True
+        {**data, "kv_cache": caches.pop("kv_cache")}, **caches, **attrs, return_lse=True
     )
     # the same values in the same order of sums: equal, not merely close
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
@@ -65,16 +91,17 @@ def test_separate_caches_equal_the_interleaved_one(batch, dtype, device):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_separate_fp8_caches_equal_the_interleaved_one_on_cuda(batch):
+def test_fp8_layouts_equal_the_interleaved_nhd_cache_on_cuda(batch, layout):
     seed = fresh_seed()
     data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, torch.bfloat16, seed)
     data = {n: data[n].cuda() for n in OPERANDS}
     data["kv_cache"] = (data["kv_cache"] * 8).to(torch.float8_e4m3fn)
     scales = {"k_scale": 0.125, "v_scale": 0.125}
     expected = attend(data, **scales)
-    key_cache, value_cache = split(data["kv_cache"])
-    out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache, **scales)
+    caches = in_layout(layout, data["kv_cache"])
+    out = attend({**data, "kv_cache": caches.pop("kv_cache")}, **caches, **scales)
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
 
 
@@ -228,52 +255,6 @@ def test_the_sharding_wrappers_refuse_separate_caches_by_name():
 
 
 # ------------------------------------------------------------------------------------ HND
-def to_hnd(cache: torch.Tensor) -> torch.Tensor:
-    """An NHD cache [P, page_size, heads, D] as the HND cache with its values, [P, heads,
-    page_size, D] (FlashInfer's other layout)."""
-    return cache.transpose(1, 2).contiguous()
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("separate", [False, True], ids=["interleaved", "separate"])
-@pytest.mark.parametrize("batch", list(BATCHES))
-def test_hnd_caches_equal_the_nhd_ones(batch, separate, dtype, device):
-    seed = fresh_seed()
-    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, dtype, seed, pad_tokens=2)
-    data = {n: data[n].to(device) for n in OPERANDS}
-    attrs = {"sliding_window": 40, "soft_cap": 20.0}
-    expected, expected_lse = attend(data, **attrs, return_lse=True)
-    if separate:
-        key_cache, value_cache = split(data["kv_cache"])
-        caches = {"kv_cache": to_hnd(key_cache)}
-        attrs["value_cache"] = to_hnd(value_cache)
-    else:
-        caches = {"kv_cache": to_hnd(data["kv_cache"])}
-    out, lse = attend({**data, **caches}, kv_layout="HND", **attrs, return_lse=True)
-    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
-    finite = expected_lse.isfinite()
-    assert torch.equal(lse.isinf(), expected_lse.isinf())
-    assert (lse[finite] - expected_lse[finite]).abs().max().item() < 1e-5
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("batch", list(BATCHES))
-def test_hnd_fp8_caches_equal_the_nhd_ones_on_cuda(batch):
-    seed = fresh_seed()
-    data = make_paged_inputs(BATCHES[batch], HQ, HKV, D, PAGE, torch.bfloat16, seed)
-    data = {n: data[n].cuda() for n in OPERANDS}
-    data["kv_cache"] = (data["kv_cache"] * 8).to(torch.float8_e4m3fn)
-    scales = {"k_scale": 0.125, "v_scale": 0.125}
-    expected = attend(data, **scales)
-    key_cache, value_cache = (to_hnd(c) for c in split(data["kv_cache"]))
-    out = attend(
-        {**data, "kv_cache": key_cache}, value_cache=value_cache, kv_layout="HND", **scales
-    )
-    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
 @pytest.mark.parametrize("separate", [False, True], ids=["interleaved", "separate"])
 @pytest.mark.parametrize("op", ["kv_cache_store", "kv_cache_update"])

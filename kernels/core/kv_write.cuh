@@ -17,7 +17,9 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "core/cuda_check.cuh"
@@ -341,6 +343,51 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
     return scatter(In{});
   });
 }
+
+// ------------------------------------------------------------------ the op structs' shared part
+// An op struct (core/op.h) of a cache write, from the op's names and operand indices: Op names
+// kKey and kValue (one index, new_kv, for K and V interleaved in one source), kSlotMapping,
+// kKvCache, kKScales, kVScales and kValueCache; its results are the two caches, after the
+// operands.
+template <typename Op>
+struct KvWriteOp {
+  struct Attrs {
+    float k_scale;
+    float v_scale;
+    int64_t kv_layout;  // KvLayout (core/op.h)
+  };
+  static constexpr std::array<AttrSpec, 3> kAttrs = {{
+      {"k_scale", XGO_ATTR_F32, offsetof(Attrs, k_scale)},
+      {"v_scale", XGO_ATTR_F32, offsetof(Attrs, v_scale)},
+      {"kv_layout", XGO_ATTR_I64, offsetof(Attrs, kv_layout)},
+  }};
+  static constexpr std::array<const char*, 2> kResultNames = {"kv_cache", "value_cache"};
+  using Config = KvWrite;
+
+  static int32_t Describe(const OpCall<Op>& call, Config* config, XgoResults* results) {
+    const Shape* o = call.operands;
+    const KvRows rows{Op::kOperandNames[Op::kKey], &o[Op::kKey],
+                      Op::kKey == Op::kValue ? nullptr : &o[Op::kValue]};
+    return DescribeKvWrite(Op::kName, rows, o[Op::kSlotMapping], o[Op::kKvCache],
+                           o[Op::kValueCache], o[Op::kKScales], o[Op::kVScales], call.attrs.k_scale,
+                           call.attrs.v_scale, call.attrs.kv_layout, config, results);
+  }
+  static KvWriteBuffers Buffers(void* const* b) {
+    constexpr int kResult = static_cast<int>(Op::kOperandNames.size());  // results follow
+    return {b[Op::kKey],        b[Op::kValue],   b[Op::kSlotMapping],
+            b[Op::kKScales],    b[Op::kVScales], b[Op::kKvCache],
+            b[Op::kValueCache], b[kResult],      b[kResult + 1]};
+  }
+  static int32_t Launch(const Config& c, void* const* buffers, cudaStream_t stream) {
+    return LaunchKvWrite(c, Buffers(buffers), stream);
+  }
+  static int32_t RunHost(const Config& c, void* const* buffers) {
+    return RunKvWriteHost(c, Buffers(buffers));
+  }
+  static int32_t CheckHostValues(const Config& c, const void* const* operands) {
+    return CheckKvSlots(c, operands[Op::kSlotMapping]);
+  }
+};
 
 }  // namespace
 }  // namespace xgo

@@ -74,7 +74,8 @@ def paged_attention(
     separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
     if kv_layout == "HND":  # read as NHD views: [P, page_size, heads, D]
         kv_cache = kv_cache.transpose(1, 2)
-        value_cache = value_cache.transpose(1, 2) if separate else value_cache
+        if value_cache is not None and separate:
+            value_cache = value_cache.transpose(1, 2)
     page_size = kv_cache.shape[1]
     num_kv_heads = kv_cache.shape[2] if separate else kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads

@@ -396,7 +396,8 @@ def paged_attention_composite(
     separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
     if kv_layout == "HND":  # as NHD: [P, page_size, heads, D] (a transpose of the graph)
         kv_cache = kv_cache.transpose(1, 2).contiguous()
-        value_cache = value_cache.transpose(1, 2).contiguous() if separate else value_cache
+        if value_cache is not None and separate:
+            value_cache = value_cache.transpose(1, 2).contiguous()
     _, page_size, cache_heads, _ = kv_cache.shape
     num_kv_heads = cache_heads if separate else cache_heads // 2
     group = num_q_heads // num_kv_heads

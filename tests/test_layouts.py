@@ -352,3 +352,31 @@ def test_a_cache_view_the_kernels_cannot_read_is_refused_on_cuda():
         attend({**data, "kv_cache": both[:, 0]}, value_cache=both[:, 1])
     out = attend({**data, "kv_cache": key_cache}, value_cache=value_cache)
     assert rel_l2(out, attend(data)) < 1e-6
+
+
+@pytest.mark.gpu
+@cuda
+def test_interleaved_hnd_cache_of_one_kv_head_on_cuda():
+    """One KV head, K and V interleaved, HND: [P, 2, page_size, D]. Its rows look like NHD rows
+    (D apart), but a page holds two heads: the sm_90a prefill must not read it through an NHD
+    tensor map (the page stride tells them apart)."""
+    seed = fresh_seed()
+    data = make_paged_inputs(PREFILL, 8, 1, 128, PAGE, torch.bfloat16, seed)
+    data = {n: data[n].cuda() for n in OPERANDS}
+    expected = attend(data)
+    out = attend({**data, "kv_cache": to_hnd(data["kv_cache"])}, kv_layout="HND")
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
+def test_a_write_too_wide_for_the_kernel_is_refused():
+    """2 * Hkv * D elements per token must fit the write kernel's int index, also with K and V
+    in caches of their own (Hkv * D each): checked from the shapes alone, nothing allocated."""
+    from xla_gpu_ops import ops
+
+    heads = 2**22  # x 256 = 2^30 per cache: 2^31 K and V elements per token
+    shapes = [(1, heads, 256), (1, heads, 256), (1,), (1, 1, heads, 256), (0,), (0,)]
+    shapes.append((1, 1, heads, 256))
+    dtypes = ["bfloat16", "bfloat16", "int32", "bfloat16", "float32", "float32", "bfloat16"]
+    call = _library.make_call(ops.KV_CACHE_STORE, shapes, dtypes, (1.0, 1.0, 0))
+    with pytest.raises(ValueError, match=r"kv_cache_store: kv_cache: shape .* is too large"):
+        _library.describe(ops.KV_CACHE_STORE, call)

@@ -160,9 +160,10 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                   static_cast<double>(value));
     }
   }
-  // The kernel indexes a cache row with int and a whole cache with int64: both must fit.
+  // The kernel indexes a token's K and V elements with int and a cache with int64: both must fit.
   int64_t row = 0, num_slots = 0, cache_elems = 0;
-  if (__builtin_mul_overflow(heads, cache.dims[3], &row) || row > INT32_MAX ||
+  // row: a token's K and V elements (2 * Hkv * D), the write kernel's int loop bound
+  if (__builtin_mul_overflow(cache_heads, cache.dims[3], &row) || row > INT32_MAX ||
       __builtin_mul_overflow(cache.dims[0], page_size, &num_slots) ||
       __builtin_mul_overflow(num_slots, row, &cache_elems)) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s is too large", op,

@@ -105,9 +105,12 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
   const bool interleaved = params.kv_head_stride == 2 * kD;
-  // NHD rows (a slot's heads side by side): the maps' (d, head, slot) view; HND goes by cp.async
+  // NHD rows (a slot's heads side by side, a page's slots back to back): the maps' (d, head,
+  // slot) view. HND goes by cp.async (an interleaved HND cache of one KV head has NHD-like rows
+  // but pages of two heads: the page stride tells it apart).
   const int64_t heads_per_row = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
-  const bool nhd = params.kv_row_stride == heads_per_row * kD;
+  const bool nhd = params.kv_row_stride == heads_per_row * kD &&
+                   params.kv_page_stride == static_cast<int64_t>(page_size) * params.kv_row_stride;
   const char* keys = static_cast<const char*>(params.kv_cache);
   const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's row + kD
   if (rows % 8 != 0 || !tiles_fit || reinterpret_cast<uintptr_t>(keys) % 16 != 0 ||

@@ -458,7 +458,8 @@ struct KvTileLoader {
       bad_page |= key < key_end && !in_range;
       const bool valid = key < key_end && in_range;  // never read outside the cache
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
-      const int64_t at = static_cast<int64_t>(pages[i]) * page_stride + in_page * row_stride;
+      const int64_t at =
+          static_cast<int64_t>(pages[i]) * page_stride + static_cast<int64_t>(in_page) * row_stride;
       const T* src_k = valid ? k_head + at : kv;
       const T* src_v = valid ? src_k + p.v_offset : kv;
       const int dst = Dst(key_local, col);

@@ -36,6 +36,7 @@ def torch_call(fn, inputs: dict):
     return fn(*required, scale=0.125, sinks=inputs["sinks"])
 
 
+@pytest.mark.dynamo
 @pytest.mark.parametrize("sink_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
 def test_torch_takes_int64_metadata_an_int_num_seqs_and_16_bit_sinks(sink_dtype, compiled):

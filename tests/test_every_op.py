@@ -98,6 +98,7 @@ def test_torch_opcheck(op):
 
 
 @needs_library
+@pytest.mark.dynamo
 @every_op
 def test_torch_compile_fullgraph(op):
     torch._dynamo.reset()

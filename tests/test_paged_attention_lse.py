@@ -119,7 +119,9 @@ def split_keys(inputs: dict, split: list[int]) -> tuple[dict, dict]:
     are page multiples): the second part's block table starts at page split[s] / PAGE."""
     first, second = dict(inputs), dict(inputs)
     lens = inputs["context_lens"]
-    cut = torch.tensor(split + [0] * (len(lens) - len(split)), dtype=torch.int32)
+    cut = torch.tensor(
+        split + [0] * (len(lens) - len(split)), dtype=torch.int32, device=lens.device
+    )
     first["context_lens"] = torch.minimum(cut, lens).to(torch.int32)
     second["context_lens"] = (lens - first["context_lens"]).to(torch.int32)
     tables = inputs["block_tables"].clone()

@@ -98,6 +98,7 @@ def test_jax_host_handler_takes_per_head_scales_and_jit_does_not_retrace():
     assert len(traces) == 1, "a new scale value retraced"
 
 
+@pytest.mark.dynamo
 def test_torch_compile_does_not_recompile_for_a_new_scale_value():
     data = inputs(fresh_seed())
     args = [data[name] for name in OPERANDS]

@@ -39,8 +39,7 @@ def sample(op: ops.Op, device: str = "cpu") -> tuple[list[torch.Tensor], dict]:
 def outputs(op: ops.Op, returned, operands: list) -> list:
     """What a call produced: the operands written in place (not an optional one left out),
     then what it returned."""
-    given = op.given_returns(operands)
-    written = [operands[i] for j, i in op.aliases.items() if j in given]
+    written = [operands[i] for _, i in op.given_writes(operands)]
     if returned is None:
         return written
     return written + (list(returned) if isinstance(returned, tuple) else [returned])

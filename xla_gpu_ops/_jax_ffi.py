@@ -95,7 +95,7 @@ def call(op: ops.Op, operands: Sequence[Any], attrs: Mapping[str, Any], abi: str
     operands = convert(op, op.complete(operands))
     # An in-place result whose optional operand is left out is not aliased: aliasing the
     # program-made stand-in would cost XLA a copy of it.
-    aliases = {op.aliases[r]: r for r in op.given_returns(operands) if r in op.aliases}
+    aliases = {operand: result for result, operand in op.given_writes(operands)}
     operands = present(operands)
     shapes = [np.shape(x) for x in operands]
     # Checked with the caller's dtypes first: jnp.asarray would silently turn int64 into int32

@@ -158,9 +158,7 @@ def _functionalize_kernel(op: ops.Op):
         with hide(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)):
             outs = functional(*op.schema_args(inner, attrs))
         outs = list(outs) if isinstance(outs, tuple) else [outs]
-        for result, operand in op.aliases.items():
-            if operands[operand] is None:  # an optional operand left out: nothing to update
-                continue
+        for result, operand in op.given_writes(operands):
             torch._functionalize_replace(operands[operand], outs[result])
             torch._functionalize_commit_update(operands[operand])
         # in-place results became the operands' values above; the rest are returned, wrapped

@@ -253,6 +253,11 @@ class Op:
             if i not in self.aliases or not is_absent(operands[self.aliases[i]])
         )
 
+    def given_writes(self, operands: Sequence[Any]) -> tuple[tuple[int, int], ...]:
+        """(result, operand) of each result written in place into an operand the call gives
+        (operands in table order; not an optional one left out)."""
+        return tuple((r, o) for r, o in self.aliases.items() if not is_absent(operands[o]))
+
     @property
     def torch_returns(self) -> tuple[int, ...]:
         """Indices of the results the torch op returns: the outputs that are not in place."""

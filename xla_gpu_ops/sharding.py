@@ -334,8 +334,8 @@ def _torchax_call(
         return outs
     outs = outs if isinstance(outs, tuple) else (outs,)
     operands, _ = op.bind(args, kwargs)
-    for result in op.given_returns(operands):  # not into an optional operand left out
-        _torchax.store(operands[op.aliases[result]], outs[result].jax())
+    for result, operand in op.given_writes(operands):
+        _torchax.store(operands[operand], outs[result].jax())
     return op.torch_result()(outs)
 
 

@@ -245,9 +245,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
         operands, attrs = op.split_schema_args(args)
         outs = functional_results(op, operands, attrs)
         if not functional:
-            for result, operand in op.aliases.items():
-                if operands[operand] is not None:
-                    operands[operand].copy_(outs[result])
+            for result, operand in op.given_writes(operands):
+                operands[operand].copy_(outs[result])
         return pick(outs)
 
     return kernel

@@ -122,9 +122,8 @@ def call(
         xs.disable_manual_sharding(out, spec, shape, mesh=mesh).global_tensor
         for out, spec, shape in zip(outs, out_specs, full_shapes, strict=True)
     )
-    for result in op.given_returns(operands):  # not into an optional operand left out
-        if result in op.aliases:
-            operands[op.aliases[result]].copy_(results[result])
+    for result, index in op.given_writes(operands):
+        operands[index].copy_(results[result])
     return op.torch_result()(results)
 
 

@@ -45,8 +45,8 @@ def _make_lowering(op: ops.Op) -> Callable[..., Any]:
         tensors, attrs = op.bind(args, kwargs)
         outs = _jax_ffi.call(op, [None if t is None else t.jax() for t in tensors], attrs)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        for result in op.given_returns(tensors):  # not into an optional operand left out
-            store(tensors[op.aliases[result]], outs[result])
+        for result, operand in op.given_writes(tensors):
+            store(tensors[operand], outs[result])
 
     chosen = in_place_lowering if op.aliases else lowering
     chosen.__name__ = f"{op.name}_lowering"

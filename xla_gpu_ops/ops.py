@@ -281,9 +281,8 @@ class Op:
 
     def _schema(self, mutable: bool, returns: int) -> str:
         # one alias set per operand written in place: (a!), (b!), ...
-        written = {name: f"({chr(ord('a') + i)}!)" for i, name in enumerate(self.mutated)}
-        if not mutable:
-            written = {}
+        mutated = self.mutated if mutable else ()
+        written = {name: f"({chr(ord('a') + i)}!)" for i, name in enumerate(mutated)}
         params = [
             f"Tensor{written.get(o.name, '')} {o.name}" for o in self.operands[: self.num_required]
         ]

@@ -167,11 +167,18 @@ def kv_cache_update(
     K goes to kv_cache and V to value_cache; kv_layout "HND": caches [P, heads, page_size, D].
     Slots must be < num_pages * page_size (the library's check_host_values).
     """
-    scales = {"k_scales": k_scales, "v_scales": v_scales}
-    for cache, rows in cache_writes(
-        new_kv[:, 0::2], new_kv[:, 1::2], kv_cache, value_cache, k_scale, v_scale, **scales
-    ):
-        _scatter(cache, slot_mapping, rows, kv_layout)
+    kv_cache_store(
+        new_kv[:, 0::2],
+        new_kv[:, 1::2],
+        slot_mapping,
+        kv_cache,
+        k_scale,
+        v_scale,
+        kv_layout,
+        k_scales=k_scales,
+        v_scales=v_scales,
+        value_cache=value_cache,
+    )
 
 
 def kv_cache_store(

@@ -144,28 +144,44 @@ def test_cache_writes_divide_by_the_tensor_scales_per_head(op):
 
 
 def test_fp8_cache_round_trip_with_per_head_tensor_scales():
-    """Write with per-head scales into an fp8 cache, read it back with the same tensors: close to
-    attention over the unquantised cache (the scales keep every head in fp8's range)."""
+    """Write with per-head scales into an fp8 cache, read it back with the same tensors. The write
+    rounds each value to the nearest e4m3 value of value / scale (the scales come from each head's
+    amax, so none saturates); attention then reads exactly that dequantised cache."""
     seed = fresh_seed()
     data = inputs(seed)
     generator = torch.Generator().manual_seed(seed)
-    k = torch.tensor([0.02, 0.005]) * (1 + torch.rand(2, generator=generator))
-    v = torch.tensor([0.01, 0.03]) * (1 + torch.rand(2, generator=generator))
-    fp8 = torch.zeros_like(data["kv_cache"], dtype=torch.float8_e4m3fn)
-    rows = data["kv_cache"].view(-1, 2 * HKV, D)
+    # heads of different magnitudes (K0, V0, K1, V1), so per-head scales differ by 4x and more
+    magnitudes = torch.tensor([1.0, 0.5, 0.25, 2.0])
+    original = data["kv_cache"] * magnitudes[None, None, :, None]
+    amax = original.abs().amax(dim=(0, 1, 3))
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    headroom = 1 + torch.rand(4, generator=generator)  # the amax lands in [fp8_max / 2, fp8_max]
+    k, v = (amax / fp8_max * headroom)[0::2], (amax / fp8_max * headroom)[1::2]
+    fp8 = torch.zeros_like(original, dtype=torch.float8_e4m3fn)
+    rows = original.view(-1, 2 * HKV, D)
     slots = torch.arange(rows.shape[0], dtype=torch.int32)
     xla_gpu_ops.kv_cache_update(rows, slots, fp8, k_scale=k, v_scale=v)
+
+    dequantised = scaled_cache(fp8.float(), k, v)
+    factors = torch.stack([k, v], dim=1).reshape(-1)[None, None, :, None]
+    # round to nearest: half an ulp, 2^-4 relative for normals, 2^-10 * scale below 2^-6 * scale
+    bound = (original.abs() * 2**-4 + factors * 2**-10) * (1 + 1e-5)
+    excess = ((dequantised - original).abs() - bound).max().item()
+    assert excess <= 0, (
+        f"a written value is off by {excess:.3e} more than fp8 rounding (seed {seed})"
+    )
+
     args = [data[name] for name in OPERANDS]
     args[1] = fp8
     out = xla_gpu_ops.paged_attention(*args, scale=SCALE, k_scale=k, v_scale=v)
-    expected = xla_gpu_ops.reference.paged_attention(
-        *[data[name] for name in OPERANDS], SCALE, compute_dtype=torch.float64
-    )
+    args[1] = dequantised
+    expected = xla_gpu_ops.reference.paged_attention(*args, SCALE, compute_dtype=torch.float64)
     err = rel_l2(out, expected)
-    assert err < 5e-2, f"rel L2 {err:.2e} (seed {seed})"
+    assert err < 1e-5, f"rel L2 {err:.2e} (seed {seed})"
     # the same cache read with scales swapped between the heads is far off: per head matters
+    args[1] = fp8
     wrong = xla_gpu_ops.paged_attention(*args, scale=SCALE, k_scale=k.flip(0), v_scale=v.flip(0))
-    assert rel_l2(wrong, expected) > 4 * err
+    assert rel_l2(wrong, expected) > 0.1
 
 
 def test_bad_scale_tensors_name_the_argument():

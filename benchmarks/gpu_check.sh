@@ -6,7 +6,7 @@
 # STEP: tests (the whole suite, default), kernels (the CUDA kernel and sinks tests), frontends
 # (torchax and JAX tests), examples (the example in every mode this host has), serving
 # (transformers' continuous batching on our ops beside its own, bf16, 32 requests: tok/s and the
-# tokens equal to eager attention), sanitizer (compute-sanitizer memcheck and racecheck on a
+# steps whose token eager attention also picks from the same history), sanitizer (compute-sanitizer memcheck and racecheck on a
 # reduced kernel selection), timing (`python -m benchmarks probe decode`).
 # Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
 # --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies

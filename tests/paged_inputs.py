@@ -8,11 +8,14 @@ random values that no sequence uses, and every value is random, never zero.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Sequence
 
 import torch
+
+from xla_gpu_ops import _library
 
 SeqSpec = tuple[int, int]  # (q_len, context_len)
 
@@ -192,3 +195,23 @@ def to_jax_arrays(inputs: dict, device) -> list:
         return jnp.asarray(t.numpy())
 
     return [jax.device_put(to_jax(t), device) for t in inputs.values()]
+
+
+# ---------------------------------------------------------------- prefill kernel choice (CUDA)
+def is_hopper() -> bool:
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+def sm90_prefill_available() -> bool:
+    return _library.load().cdll.xgo_debug_sm90_prefill_available() == 1
+
+
+@contextlib.contextmanager
+def prefill_kernel(kernel: int):
+    """-1: the launcher's choice; 0: the mma.sync prefill kernel; 1: the sm_90a kernel."""
+    lib = _library.load()
+    previous = lib.cdll.xgo_debug_force_prefill_kernel(kernel)
+    try:
+        yield
+    finally:
+        lib.cdll.xgo_debug_force_prefill_kernel(previous)

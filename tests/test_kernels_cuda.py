@@ -8,8 +8,6 @@ the tensor cores). Bad metadata must give NaN rows, never a crash, hang or silen
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from paged_inputs import (
@@ -18,8 +16,11 @@ from paged_inputs import (
     PREFILL,
     default_scale,
     fresh_seed,
+    is_hopper,
     make_paged_inputs,
+    prefill_kernel,
     rel_l2,
+    sm90_prefill_available,
 )
 
 from xla_gpu_ops import _library, reference
@@ -518,30 +519,11 @@ def test_broken_partition_of_a_large_prefill_batch_poisons_every_row():
 # test above already runs it there; these add the shapes it is most likely to get wrong (tile edges,
 # tokens x heads rows that do not fill a tile, pages smaller than, straddling or not dividing a
 # tile, empty KV splits, D = 256) and compare it with the mma.sync kernel on the same inputs.
-def _is_hopper() -> bool:
-    return torch.cuda.get_device_capability()[0] == 9
-
-
-def _sm90_prefill_available() -> bool:
-    return _library.load().cdll.xgo_debug_sm90_prefill_available() == 1
-
-
-@contextlib.contextmanager
-def _prefill_kernel(kernel: int):
-    """-1: the launcher's choice; 0: the mma.sync prefill kernel; 1: the sm_90a kernel."""
-    lib = _library.load()
-    previous = lib.cdll.xgo_debug_force_prefill_kernel(kernel)
-    try:
-        yield
-    finally:
-        lib.cdll.xgo_debug_force_prefill_kernel(previous)
-
-
 def test_sm90_prefill_kernel_runs_on_hopper():
     """The default build (80;86;89;90a) and a 90a build hold sm_90a code: on compute capability
     9.x the launcher must pick the wgmma kernel; elsewhere it must not."""
-    assert _sm90_prefill_available() == _is_hopper(), (
-        f"sm_90a prefill kernel available: {_sm90_prefill_available()}, "
+    assert sm90_prefill_available() == is_hopper(), (
+        f"sm_90a prefill kernel available: {sm90_prefill_available()}, "
         f"device capability {torch.cuda.get_device_capability()}"
     )
 
@@ -633,14 +615,14 @@ def test_prefill_window_soft_cap_and_scale(head_dim, sliding_window, soft_cap, s
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
+@pytest.mark.skipif(not torch.cuda.is_available() or not is_hopper(), reason="needs sm_90")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
 def test_sm90_and_mma_prefill_kernels_agree(head_dim, cache):
     """The same inputs through both prefill kernels: each matches the reference, and they agree
     with each other to the rounding of 16-bit P (D = 256 and fp8 caches: against the 64-row
     mma.sync kernel)."""
-    assert _sm90_prefill_available(), "no sm_90a code in this library"
+    assert sm90_prefill_available(), "no sm_90a code in this library"
     seed = fresh_seed()
     specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
     inputs = make_paged_inputs(specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2)
@@ -648,9 +630,9 @@ def test_sm90_and_mma_prefill_kernels_agree(head_dim, cache):
     if cache == "fp8":
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES
     scale = default_scale(head_dim)
-    with _prefill_kernel(1):
+    with prefill_kernel(1):
         new = check_against_reference(inputs, torch.bfloat16, seed, scale=scale, **scales)
-    with _prefill_kernel(0):
+    with prefill_kernel(0):
         old = check_against_reference(inputs, torch.bfloat16, seed, scale=scale, **scales)
     assert rel_l2(new, old) < 1e-2, f"seed {seed}"
     assert not torch.equal(new, old), "both runs took the same kernel"
@@ -906,7 +888,7 @@ def test_split_parts_weigh_keys_not_parts_at_huge_logits(batch, dtype, head_dim,
     scales = {}
     if dtype == FP8:
         inputs, scales = with_fp8_cache(inputs), FP8_SCALES
-    with _prefill_kernel(prefill_kernel):
+    with prefill_kernel(prefill_kernel):
         check_against_reference(inputs, compute, seed, scale=default_scale(head_dim), **scales)
 
 
@@ -1009,17 +991,17 @@ def test_sinks_with_window_and_soft_cap(kind, sliding_window, soft_cap):
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not _is_hopper(), reason="needs sm_90")
+@pytest.mark.skipif(not torch.cuda.is_available() or not is_hopper(), reason="needs sm_90")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_sinks_both_prefill_kernels(head_dim):
-    assert _sm90_prefill_available(), "no sm_90a code in this library"
+    assert sm90_prefill_available(), "no sm_90a code in this library"
     seed = fresh_seed()
     specs = ((1000, 1500), (300, 300), (1, 2000), (77, 77))
     inputs = make_paged_inputs(
         specs, 32, 8, head_dim, 16, torch.bfloat16, seed, pad_tokens=2, sinks=True
     )
     for kernel in (1, 0):
-        with _prefill_kernel(kernel):
+        with prefill_kernel(kernel):
             check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(head_dim))
 
 
@@ -1065,9 +1047,9 @@ def test_bad_sequence_with_fp8_or_sinks_gets_nan_rows(kind, corruption, sinks, c
         inputs["block_tables"][bad, 1] = inputs["kv_cache"].shape[0]
     else:
         inputs["context_lens"][bad] = inputs["block_tables"].shape[1] * 16 + 1
-    both = kind == "prefill" and cache == "bf16" and _is_hopper()
+    both = kind == "prefill" and cache == "bf16" and is_hopper()
     for kernel in (1, 0) if both else (-1,):
-        with _prefill_kernel(kernel):
+        with prefill_kernel(kernel):
             out = run_cuda(inputs, scale=0.2, **scales)
         _assert_only_sequence_poisoned(out, expected, inputs, bad, torch.bfloat16, seed)
 

@@ -13,7 +13,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from paged_inputs import DECODE, MIXED, PREFILL, fresh_seed, make_paged_inputs, rel_l2
+from paged_inputs import (
+    DECODE,
+    MIXED,
+    PREFILL,
+    fresh_seed,
+    is_hopper,
+    make_paged_inputs,
+    prefill_kernel,
+    rel_l2,
+)
 
 import xla_gpu_ops
 from xla_gpu_ops import _library
@@ -102,6 +111,30 @@ def test_fp8_layouts_equal_the_interleaved_nhd_cache_on_cuda(batch, layout):
     expected = attend(data, **scales)
     caches = in_layout(layout, data["kv_cache"])
     out = attend({**data, "kv_cache": caches.pop("kv_cache")}, **caches, **scales)
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not is_hopper(), reason="needs sm_90")
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("page_size", [16, 256], ids=["pages-in-a-tile", "tiles-in-a-page"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts_on_the_sm90_kernel_by_tensor_map(layout, page_size, cache):
+    """The sm_90a kernel reads whole tiles of each layout through its tensor maps (HND boxes of a
+    head's rows, NHD boxes of a page's slots), pages smaller and larger than a tile, and gathers
+    the rest by cp.async: the same values as the interleaved NHD cache's, bit for bit."""
+    seed = fresh_seed()
+    specs = ((300, 700), (129, 129), (1, 520))  # whole tiles, a ragged tail, a decode row
+    data = make_paged_inputs(specs, HQ, HKV, D, page_size, torch.bfloat16, seed, pad_tokens=2)
+    data = {n: data[n].cuda() for n in OPERANDS}
+    scales = {}
+    if cache == "fp8":
+        data["kv_cache"] = (data["kv_cache"] * 8).to(torch.float8_e4m3fn)
+        scales = {"k_scale": 0.125, "v_scale": 0.125}
+    with prefill_kernel(1):
+        expected = attend(data, **scales)
+        caches = in_layout(layout, data["kv_cache"])
+        out = attend({**data, "kv_cache": caches.pop("kv_cache")}, **caches, **scales)
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
 
 

@@ -87,12 +87,13 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // The sm_90a kernel's K/V tensor maps (Sm90KvTensorMap): boxes of one page, or of one tile where
 // pages are larger than a tile. 16-bit caches: 64 columns per box with the 128-byte swizzle the
 // wgmma descriptors read; fp8 caches: a whole row of kD bytes per box, unswizzled, into the staging
-// buffer. An interleaved cache is one map for K and V (heads 2 h and 2 h + 1), K and V caches of
-// their own a map each. Left with box_rows 0 (cp.async only) where the page size is not a multiple
-// of 8 (the swizzle repeats every 8 rows), neither divides nor is divided by the tile, a cache is
-// not 16-byte aligned or has more than INT32_MAX slots, the cache is HND, or the driver refuses
-// (HND: no map yet): the kernel is
-// correct either way.
+// buffer. An interleaved cache is one map for K and V (combined heads 2 h and 2 h + 1), K and V
+// caches of their own a map each. The layout comes from the strides (launch.cu sets them from
+// PagedAttentionConfig): HND where a head's rows are further apart than a page's rows, and
+// interleaved where the combined heads are twice a head's extent apart. Left with box_rows 0
+// (cp.async only) where the page size is not a multiple of 8 (the swizzle repeats every 8 rows),
+// neither divides nor is divided by the tile, a cache is not 16-byte aligned, the pages are not
+// dense, a coordinate would pass INT32_MAX or the driver refuses: the kernel is correct either way.
 template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   constexpr int kN = Sm90PrefillConfig<kD, kFp8>::kBlockN;
@@ -102,28 +103,35 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const int rows = std::min(page_size, kN);
   const bool tiles_fit = page_size > 0 && (kN % page_size == 0 || page_size % kN == 0);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  // TMA coordinates are 32-bit: a cache of more slots goes by cp.async (64-bit offsets).
+  const bool head_major = params.kv_head_stride > params.kv_row_stride;
+  const int64_t head_extent = head_major ? static_cast<int64_t>(page_size) * kD : kD;
+  const bool interleaved = params.kv_head_stride == 2 * head_extent;
+  const int64_t heads = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
+  const int64_t page_elems = heads * page_size * kD;
+  const bool dense = params.kv_page_stride == page_elems &&
+                     params.kv_row_stride == (head_major ? kD : heads * kD) &&
+                     (interleaved || params.kv_head_stride == head_extent);
+  // TMA coordinates are 32-bit, and so is the slot the producer's key walk hands over: a cache of
+  // more slots or (HND) page-heads goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
-  const bool interleaved = params.kv_head_stride == 2 * kD;
-  // NHD rows (a slot's heads side by side, a page's slots back to back): the maps' (d, head,
-  // slot) view. HND goes by cp.async (an interleaved HND cache of one KV head has NHD-like rows
-  // but pages of two heads: the page stride tells it apart).
-  const int64_t heads_per_row = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
-  const bool nhd = params.kv_row_stride == heads_per_row * kD &&
-                   params.kv_page_stride == static_cast<int64_t>(page_size) * params.kv_row_stride;
+  const int64_t outer = head_major ? params.num_pages * heads : slots;
   const char* keys = static_cast<const char*>(params.kv_cache);
-  const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's row + kD
+  const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's + head extent
   if (rows % 8 != 0 || !tiles_fit || reinterpret_cast<uintptr_t>(keys) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(values) % 16 != 0 || params.num_pages <= 0 || slots > INT32_MAX ||
-      encode == nullptr || !nhd) {
+      outer > INT32_MAX || encode == nullptr || !dense) {
     return kv_map;
   }
-  const int heads = static_cast<int>(interleaved ? 2 * params.num_kv_heads : params.num_kv_heads);
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(slots)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * kElemBytes,
-                                 static_cast<cuuint64_t>(heads) * kD * kElemBytes};
-  const cuuint32_t box[3] = {kFp8 ? kD : 64, 1, static_cast<cuuint32_t>(rows)};
+  const cuuint32_t box_cols = kFp8 ? kD : 64;
+  // NHD: (d, head, slot); HND: (d, row, page * heads + head).
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
+                              static_cast<cuuint64_t>(head_major ? page_size : heads),
+                              static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[2] = {
+      static_cast<cuuint64_t>(kD) * kElemBytes,
+      static_cast<cuuint64_t>(head_major ? page_size : heads) * kD * kElemBytes};
+  const cuuint32_t box[3] = {box_cols, head_major ? static_cast<cuuint32_t>(rows) : 1,
+                             head_major ? 1 : static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   auto make = [&](CUtensorMap* map, const void* base) {
     return encode(map, kFp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 3,
@@ -140,6 +148,8 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   }
   kv_map.head_step = interleaved ? 2 : 1;
   kv_map.v_head = interleaved ? 1 : 0;
+  kv_map.head_major = head_major;
+  kv_map.heads = static_cast<int>(heads);
   kv_map.box_rows = result == CUDA_SUCCESS ? rows : 0;
   return kv_map;
 }

@@ -182,26 +182,38 @@ struct Sm90Item {
   bool more;
 };
 
-// K/V through the tensor memory accelerator (TMA): a cache as a 3-D tensor (d, head, slot =
-// page * page_size + row) read in boxes of 64 elements x 1 head x box_rows slots with the 128-byte
-// swizzle, i.e. one page (or one tile of a larger page) of one 64-column block per copy. K of KV
-// head h is head head_step * h of `map`, V head head_step * h + v_head of `v_map`: an interleaved
-// cache [P, page_size, 2 Hkv, D] is both maps (2 h, 2 h + 1), K and V caches of their own
-// [P, page_size, Hkv, D] one map each (h, h). box_rows == 0: no tensor map (page size not a
-// multiple of 8 that divides or is divided by the tile, misaligned cache, no driver entry point),
-// cp.async only.
+// K/V through the tensor memory accelerator (TMA), in boxes of 64 elements x box_rows keys with the
+// 128-byte swizzle, i.e. one page (or one tile of a larger page) of one 64-column block per copy,
+// landing as box_rows rows of 128 bytes in either layout:
+// - NHD (a page's rows back to back): the cache as a 3-D tensor (d, head, slot = page * page_size
+//   + row), a box 64 x 1 head x box_rows slots;
+// - HND (a head's rows of a page back to back): (d, row, page * heads + head), a box 64 x
+//   box_rows rows x 1.
+// K of KV head h is combined head head_step * h of `map`, V head head_step * h + v_head of `v_map`:
+// an interleaved cache (2 Hkv combined heads) is both maps (2 h, 2 h + 1), K and V caches of their
+// own one map each (h, h). box_rows == 0: no tensor map (page size not a multiple of 8 that
+// divides or is divided by the tile, misaligned cache, no driver entry point), cp.async only.
 struct Sm90KvTensorMap {
   CUtensorMap map;
   CUtensorMap v_map;
   int box_rows;
   int head_step;
   int v_head;
+  bool head_major;  // HND
+  int heads;        // combined heads per page (HND's third coordinate is page * heads + head)
 
   __device__ __forceinline__ const CUtensorMap* Of(int which) const {
     return which == 0 ? &map : &v_map;
   }
-  __device__ __forceinline__ int Head(int which, int kv_head) const {
-    return head_step * kv_head + (which == 0 ? 0 : v_head);
+  // The box coordinates after d of K (which = 0) or V (1) of `kv_head` at cache slot `slot`
+  // (negative: a box outside the tensor, read as zeros).
+  __device__ __forceinline__ int2 BoxAt(const PagedAttentionParams& p, int which, int kv_head,
+                                        int slot) const {
+    const int head = head_step * kv_head + (which == 0 ? 0 : v_head);
+    if (!head_major) return make_int2(head, slot);
+    if (slot < 0) return make_int2(0, -1);
+    const int page = FastDiv(p.page_size_div, slot);
+    return make_int2(slot - page * p.page_size, page * heads + head);
   }
 };
 
@@ -282,16 +294,17 @@ __device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t*
 // Rows [t, t + box_rows) of one K or V tile (thread t, t % box_rows == 0) by TMA: one box per
 // 64-column block, from cache slot `slot` of combined head `head`.
 template <int kD>
-__device__ __forceinline__ void Sm90IssueKvBoxes(const Sm90KvTensorMap& kv_map, int which,
+__device__ __forceinline__ void Sm90IssueKvBoxes(const PagedAttentionParams& p,
+                                                 const Sm90KvTensorMap& kv_map, int which,
                                                  int kv_head, int slot, uint32_t tile, int t,
                                                  uint32_t bar) {
   using Cfg = Sm90PrefillConfig<kD>;
   MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD * 2));
   const CUtensorMap* map = kv_map.Of(which);
-  const int head = kv_map.Head(which, kv_head);
+  const int2 at = kv_map.BoxAt(p, which, kv_head, slot);
 #pragma unroll
   for (int cb = 0; cb < kD / 64; ++cb) {
-    TmaLoad3d(tile + cb * (Cfg::kBlockN * 128) + t * 128, map, cb * 64, head, slot, bar);
+    TmaLoad3d(tile + cb * (Cfg::kBlockN * 128) + t * 128, map, cb * 64, at.x, at.y, bar);
   }
 }
 
@@ -316,11 +329,13 @@ __device__ __forceinline__ void Sm90IssueStagingTile(const uint8_t* kv_head, con
 // fp8 caches: rows [t, t + box_rows) of one K (which = 0) or V (1) tile by TMA into the staging
 // buffer (one box of kD bytes x 1 head x box_rows slots, no swizzle), from cache slot `slot`.
 template <int kD>
-__device__ __forceinline__ void Sm90IssueStagingBoxes(const Sm90KvTensorMap& kv_map, int which,
+__device__ __forceinline__ void Sm90IssueStagingBoxes(const PagedAttentionParams& p,
+                                                      const Sm90KvTensorMap& kv_map, int which,
                                                       int kv_head, int slot, uint32_t staging,
                                                       int t, uint32_t bar) {
   MbarExpectTx(bar, static_cast<uint32_t>(kv_map.box_rows * kD));
-  TmaLoad3d(staging + t * kD, kv_map.Of(which), 0, kv_map.Head(which, kv_head), slot, bar);
+  const int2 at = kv_map.BoxAt(p, which, kv_head, slot);
+  TmaLoad3d(staging + t * kD, kv_map.Of(which), 0, at.x, at.y, bar);
 }
 
 // fp8 caches: this thread's chunks of a staging buffer -> the 16-bit tile (SwizzledOffset layout)
@@ -478,8 +493,8 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     MbarWait(bars.VEmpty(stage), ((prev / Cfg::kVStages) & 1) ^ 1);
     if (prev_tma) {
       if (box_owner) {
-        Sm90IssueKvBoxes<kD>(kv_map, 1, w.kv_head, prev_slot, v_tiles + stage * Cfg::kTileBytes, t,
-                             bars.VFull(stage));
+        Sm90IssueKvBoxes<kD>(p, kv_map, 1, w.kv_head, prev_slot, v_tiles + stage * Cfg::kTileBytes,
+                             t, bars.VFull(stage));
       }
     } else {
       Sm90IssueKvTile<T, kD>(k_head + p.v_offset, slots + (prev % Cfg::kSlotBuffers) * kN,
@@ -500,7 +515,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
     MbarWait(bars.KEmpty(stage), phase ^ 1);  // the first pass over the stages does not wait
     if (tile_tma) {
       if (box_owner) {
-        Sm90IssueKvBoxes<kD>(kv_map, 0, w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
+        Sm90IssueKvBoxes<kD>(p, kv_map, 0, w.kv_head, slot, k_tiles + stage * Cfg::kTileBytes, t,
                              bars.KFull(stage));
       }
     } else {
@@ -562,7 +577,7 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
     const uint32_t full = bars.StagingFull(which);
     if (load.tma) {
       if (box_owner) {
-        Sm90IssueStagingBoxes<kD>(kv_map, which, w.kv_head, load.slot, SharedAddress(buffer), t,
+        Sm90IssueStagingBoxes<kD>(p, kv_map, which, w.kv_head, load.slot, SharedAddress(buffer), t,
                                   full);
       }
     } else {

@@ -1,6 +1,7 @@
 """Cache layouts besides the interleaved NHD cache: K and V in caches of their own
-(`value_cache`, [P, page_size, Hkv, D]: vLLM's FlashAttention and FlashInfer backends'
-`cache.unbind(0)` halves, FlashInfer's xqa, transformers' paged cache) and the HND order
+(`value_cache`, [P, page_size, Hkv, D]: vLLM's FlashAttention backend's `cache.unbind(0)`
+halves, FlashInfer's xqa, transformers' paged cache), K and V in one tensor [P, 2, page_size,
+Hkv, D] (FlashInfer's paged cache, vLLM's FlashInfer backend) and the HND order
 (`kv_layout="HND"`, [P, heads, page_size, D]), read by paged_attention and written by
 kv_cache_store and kv_cache_update in place. Checked against the interleaved NHD call on the same
 values, on every kernel path where there is a GPU (decode, mma.sync and sm_90a prefill, f32, fp8)
@@ -58,23 +59,26 @@ def attend(data: dict, **kwargs):
     return xla_gpu_ops.paged_attention(*[data[n] for n in OPERANDS], scale=SCALE, **kwargs)
 
 
-LAYOUTS = {  # the caches of a test: (kv_layout, K and V apart)
-    "separate": ("NHD", True),
-    "hnd": ("HND", False),
-    "hnd-separate": ("HND", True),
+LAYOUTS = {  # the caches of a test: (kv_layout, how K and V are kept)
+    "separate": ("NHD", "separate"),
+    "paired": ("NHD", "paired"),
+    "hnd": ("HND", "interleaved"),
+    "hnd-separate": ("HND", "separate"),
+    "hnd-paired": ("HND", "paired"),
 }
 
 
 def in_layout(layout: str, kv_cache: torch.Tensor) -> dict:
     """The interleaved NHD cache's values as the caches and kv_layout of `layout`: the keyword
     arguments of the call (kv_cache, value_cache where apart, kv_layout)."""
-    kv_layout, separate = LAYOUTS[layout]
-    caches = dict(zip(("kv_cache", "value_cache"), split(kv_cache), strict=True))
-    if not separate:
-        caches = {"kv_cache": kv_cache}
-    if kv_layout == "HND":
-        caches = {name: to_hnd(c) for name, c in caches.items()}
-    return {**caches, "kv_layout": kv_layout}
+    kv_layout, kept = LAYOUTS[layout]
+    order = to_hnd if kv_layout == "HND" else (lambda c: c)
+    if kept == "interleaved":
+        return {"kv_cache": order(kv_cache), "kv_layout": kv_layout}
+    key_cache, value_cache = (order(c) for c in split(kv_cache))
+    if kept == "paired":  # [P, 2, page_size, Hkv, D] (HND: [P, 2, Hkv, page_size, D])
+        return {"kv_cache": torch.stack([key_cache, value_cache], dim=1), "kv_layout": kv_layout}
+    return {"kv_cache": key_cache, "value_cache": value_cache, "kv_layout": kv_layout}
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
@@ -157,41 +161,36 @@ WRITE_CASES = {  # cache dtype, k_scale, v_scale (a tensor: per KV head)
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
 @pytest.mark.parametrize("case", list(WRITE_CASES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("op", ["kv_cache_store", "kv_cache_update"])
-def test_writes_into_separate_caches_equal_the_interleaved_write(op, case, device):
-    """kv_cache_store (vLLM's reshape_and_cache_flash into key_cache, value_cache) and
-    kv_cache_update with value_cache write what the interleaved write writes, byte for byte,
-    and leave every other row alone."""
+def test_writes_in_each_layout_equal_the_interleaved_write(op, layout, case, device):
+    """kv_cache_store (vLLM's reshape_and_cache_flash into key_cache, value_cache, or into
+    FlashInfer's one tensor) and kv_cache_update write what the interleaved NHD write writes,
+    byte for byte, in every layout, and leave every other row alone."""
     cache_dtype, k_scale, v_scale = WRITE_CASES[case]
     seed = fresh_seed()
     dtype = torch.bfloat16 if cache_dtype == torch.float8_e4m3fn else cache_dtype
     key, value, slots = _new_rows(device, dtype, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     interleaved = torch.randn(10, PAGE, 2 * HKV, D, generator=gen).to(cache_dtype).to(device)
-    key_cache, value_cache = (c.clone() for c in split(interleaved))
+    caches = {n: c.clone() for n, c in in_layout(layout, interleaved).items() if n != "kv_layout"}
     scales = {
         "k_scale": k_scale if not torch.is_tensor(k_scale) else k_scale.to(device),
         "v_scale": v_scale if not torch.is_tensor(v_scale) else v_scale.to(device),
     }
-    rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
+    kv_layout = LAYOUTS[layout][0]
     if op == "kv_cache_store":
-        write = xla_gpu_ops.kv_cache_store
-        write(key=key, value=value, slot_mapping=slots, kv_cache=interleaved, **scales)
-        write(
-            key=key,
-            value=value,
-            slot_mapping=slots,
-            kv_cache=key_cache,
-            value_cache=value_cache,
-            **scales,
-        )
+        write = dict(key=key, value=value, slot_mapping=slots, **scales)
+        xla_gpu_ops.kv_cache_store(**write, kv_cache=interleaved)
+        xla_gpu_ops.kv_cache_store(**write, **caches, kv_layout=kv_layout)
     else:
+        rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
         xla_gpu_ops.kv_cache_update(rows, slots, interleaved, **scales)
-        xla_gpu_ops.kv_cache_update(rows, slots, key_cache, value_cache=value_cache, **scales)
-    expected_k, expected_v = split(interleaved)
+        xla_gpu_ops.kv_cache_update(rows, slots, **caches, kv_layout=kv_layout, **scales)
     as_bytes = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
-    assert torch.equal(as_bytes(key_cache), as_bytes(expected_k)), f"seed {seed}"
-    assert torch.equal(as_bytes(value_cache), as_bytes(expected_v)), f"seed {seed}"
+    for name, expected in in_layout(layout, interleaved).items():
+        if name != "kv_layout":
+            assert torch.equal(as_bytes(caches[name]), as_bytes(expected)), f"{name}, seed {seed}"
 
 
 def test_jax_host_handler_writes_separate_caches():
@@ -288,32 +287,6 @@ def test_the_sharding_wrappers_refuse_separate_caches_by_name():
 
 
 # ------------------------------------------------------------------------------------ HND
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
-@pytest.mark.parametrize("separate", [False, True], ids=["interleaved", "separate"])
-@pytest.mark.parametrize("op", ["kv_cache_store", "kv_cache_update"])
-def test_hnd_writes_equal_the_nhd_ones(op, separate, device):
-    seed = fresh_seed()
-    key, value, slots = _new_rows(device, torch.bfloat16, seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    nhd = torch.randn(10, PAGE, 2 * HKV, D, generator=gen).to(torch.bfloat16).to(device)
-    rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
-    scales = {"k_scale": 0.5, "v_scale": torch.tensor([2.0, 0.25], device=device)}
-    if separate:
-        nhd_caches = dict(zip(("kv_cache", "value_cache"), split(nhd), strict=True))
-    else:
-        nhd_caches = {"kv_cache": nhd}
-    hnd_caches = {name: to_hnd(c) for name, c in nhd_caches.items()}
-    for caches, layout in ((nhd_caches, "NHD"), (hnd_caches, "HND")):
-        if op == "kv_cache_store":
-            xla_gpu_ops.kv_cache_store(
-                key=key, value=value, slot_mapping=slots, kv_layout=layout, **caches, **scales
-            )
-        else:
-            xla_gpu_ops.kv_cache_update(rows, slots, kv_layout=layout, **caches, **scales)
-    for name, cache in hnd_caches.items():
-        assert torch.equal(cache, to_hnd(nhd_caches[name])), f"{name}, seed {seed}"
-
-
 def test_jax_host_handler_reads_and_writes_hnd_caches():
     import jax.numpy as jnp
 
@@ -340,6 +313,89 @@ def test_jax_host_handler_reads_and_writes_hnd_caches():
     out = xjax.paged_attention(*arrays, scale=SCALE, value_cache=np.asarray(new_v), kv_layout="HND")
     expected = attend(data)
     assert rel_l2(torch.from_numpy(np.array(out)), expected) < 1e-5, f"seed {seed}"
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_jax_host_handler_reads_and_writes_one_kv_tensor(kv_layout):
+    """FlashInfer's [P, 2, ...] cache on the XLA:CPU handlers: both writes return it whole (the
+    second result is the absent value_cache), and attention reads it."""
+    import jax.numpy as jnp
+
+    import xla_gpu_ops.jax as xjax
+
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, seed)
+    key, value, slots = _new_rows("cpu", torch.float32, seed, pages=data["kv_cache"].shape[0])
+    layout = "paired" if kv_layout == "NHD" else "hnd-paired"
+    both = in_layout(layout, data["kv_cache"])["kv_cache"]
+    rows = torch.stack([key, value], dim=2).reshape(key.shape[0], 2 * HKV, D)
+    stored = xjax.kv_cache_store(
+        key=jnp.asarray(key),
+        value=jnp.asarray(value),
+        slot_mapping=jnp.asarray(slots),
+        kv_cache=jnp.asarray(both),
+        kv_layout=kv_layout,
+    )
+    updated = xjax.kv_cache_update(
+        jnp.asarray(rows), jnp.asarray(slots), jnp.asarray(both), kv_layout=kv_layout
+    )
+    xla_gpu_ops.kv_cache_store(key=key, value=value, slot_mapping=slots, kv_cache=data["kv_cache"])
+    expected = in_layout(layout, data["kv_cache"])["kv_cache"].numpy()
+    assert np.array_equal(np.asarray(stored), expected), f"seed {seed}"
+    assert np.array_equal(np.asarray(updated), expected), f"seed {seed}"
+    arrays = [np.asarray(data[n]) for n in OPERANDS]
+    arrays[1] = np.asarray(stored)
+    out = xjax.paged_attention(*arrays, scale=SCALE, kv_layout=kv_layout)
+    assert rel_l2(torch.from_numpy(np.array(out)), attend(data)) < 1e-5, f"seed {seed}"
+
+
+def test_bad_one_kv_tensors_are_named():
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, 0)
+    both = in_layout("paired", data["kv_cache"])["kv_cache"]
+    with pytest.raises(ValueError, match=r"paged_attention: kv_cache: a rank-5 cache is \[P, 2,"):
+        attend({**data, "kv_cache": torch.cat([both, both], dim=1)})
+    with pytest.raises(
+        ValueError, match=r"paged_attention: value_cache: kv_cache .* already holds"
+    ):
+        attend({**data, "kv_cache": both}, value_cache=both[:, 1].contiguous())
+    key, value, slots = _new_rows("cpu", torch.float32, 0)
+    with pytest.raises(ValueError, match=r"kv_cache_store: kv_cache: expected rank 4 .* or 5"):
+        xla_gpu_ops.kv_cache_store(key=key, value=value, slot_mapping=slots, kv_cache=both[None])
+
+
+def test_the_sharding_wrappers_refuse_one_kv_tensor_by_name():
+    from xla_gpu_ops import head_sharding, ops
+
+    shapes = [(10, 8, 64), (7, 2, 16, 2, 64), (3,), (3, 4), (4,), (1,), (0,), (0,), (0,), (0,)]
+    with pytest.raises(ValueError, match=r"kv_cache: the sharding wrappers split the interleaved"):
+        head_sharding.check_split(ops.PAGED_ATTENTION, shapes, 2, "x")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_torch_xla_composites_read_and_write_each_layout(layout):
+    """The composites (torch_xla's fallback graphs), run here as plain torch on the CPU: attention
+    over each layout equals the interleaved call, and the writes return each layout's caches."""
+    xla_composites = pytest.importorskip("xla_gpu_ops.torch_xla", reason="needs torch_xla")
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, seed)
+    key, value, slots = _new_rows("cpu", torch.float32, seed, pages=data["kv_cache"].shape[0])
+    caches = in_layout(layout, data["kv_cache"])
+    kv_layout = caches.pop("kv_layout")
+    args = [data[n] for n in OPERANDS]
+    args[1] = caches["kv_cache"]
+    value_cache = caches.get("value_cache")
+    out = xla_composites.paged_attention_composite(
+        *args, SCALE, kv_layout=kv_layout, value_cache=value_cache
+    )
+    assert rel_l2(out, attend(data)) < 1e-5, f"seed {seed}"
+    written = xla_composites.kv_cache_store_composite(
+        key, value, slots, caches["kv_cache"], kv_layout=kv_layout, value_cache=value_cache
+    )
+    xla_gpu_ops.kv_cache_store(key=key, value=value, slot_mapping=slots, kv_cache=data["kv_cache"])
+    expected = in_layout(layout, data["kv_cache"])
+    assert torch.equal(written[0], expected["kv_cache"]), f"seed {seed}"
+    if "value_cache" in expected:
+        assert torch.equal(written[1], expected["value_cache"]), f"seed {seed}"
 
 
 def test_bad_layouts_name_kv_layout():

@@ -136,7 +136,8 @@ def make_kernel(op: ops.Op, functional: bool = False):
                         f"{t.data_ptr() % 16} mod 16 bytes cannot be read in place; a copy per "
                         "call would move the whole cache. The kernels read a contiguous, 16-byte "
                         "aligned cache: [P, page_size, heads, D], or [P, heads, page_size, D] "
-                        "with kv_layout='HND' (vLLM's cache.unbind(0) halves are such caches)"
+                        "with kv_layout='HND' (vLLM's cache.unbind(0) halves are such caches); "
+                        "for FlashInfer's [P, 2, ...] cache, pass the whole tensor, not its halves"
                     )
                 tensors[i] = _dense(t)
         return tensors

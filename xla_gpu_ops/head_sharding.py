@@ -119,6 +119,11 @@ def check_split(
         raise ValueError(f"{op.name}: axis: {axis_text} has {num_shards} devices")
     rules = layout(op)
     by_name = {o.name: tuple(s) for o, s in zip(op.operands, shapes, strict=True)}
+    if len(by_name.get("kv_cache", ())) == 5:
+        raise ValueError(
+            f"{op.name}: kv_cache: the sharding wrappers split the interleaved cache; K and V in "
+            "one [P, 2, ...] tensor are not split yet (pass kv_cache interleaved)"
+        )
     if len(by_name.get("value_cache", ())) > 1:  # given: not the absent [0]
         raise ValueError(
             f"{op.name}: value_cache: the sharding wrappers split the interleaved cache; K and V "

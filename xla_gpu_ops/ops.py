@@ -54,6 +54,9 @@ class Operand:
     # Read where it lies, never copied (a KV cache: a copy per call would move all of it): eager
     # CUDA refuses a view the kernels cannot read, naming what to pass instead.
     in_place: bool = False
+    # Ranks accepted besides `rank` (kv_cache: 5, K and V in one tensor); `rank` is the one the
+    # sharding wrappers split.
+    other_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -584,12 +587,17 @@ def _scales_sample(rng: np.random.Generator, num_kv_heads: int) -> dict[str, np.
 
 
 _FLOATS = "float32, float16 or bfloat16"
+_KV_CACHE = (
+    "[P, page_size, 2*Hkv, D] (K even, V odd heads); with value_cache: K alone, "
+    "[P, page_size, Hkv, D]; or [P, 2, page_size, Hkv, D], K at [:, 0] and V at [:, 1] "
+    "(FlashInfer's one tensor, vLLM's FlashInfer backend)"
+)
 KV_LAYOUT = Attr(
     "kv_layout",
     str,
     'the order of each cache\'s dims: "NHD" [P, page_size, heads, D] (vLLM FlashAttention, '
-    'torch_xla), or "HND" [P, heads, page_size, D] (FlashInfer\'s other layout); heads: 2*Hkv '
-    "interleaved, or Hkv with value_cache",
+    'torch_xla), or "HND" [P, heads, page_size, D] (FlashInfer\'s other layout; one tensor: '
+    "[P, 2, Hkv, page_size, D]); heads: 2*Hkv interleaved, or Hkv with value_cache",
     "NHD",
     choices=("NHD", "HND"),
 )
@@ -648,9 +656,9 @@ PAGED_ATTENTION = Op(
             "kv_cache",
             4,
             "query's or float8_e4m3fn",
-            "[P, page_size, 2*Hkv, D] (K even, V odd heads); with value_cache: K alone, "
-            "[P, page_size, Hkv, D]",
+            _KV_CACHE,
             in_place=True,
+            other_ranks=(5,),
         ),
         Operand(
             "context_lens", 1, _INDEX, "[S]", values_checked=True, converts=_INT64, cast_to="int32"
@@ -784,12 +792,7 @@ KV_CACHE_UPDATE = Op(
             "[N]: page * page_size + row; < 0 skips",
             values_checked=True,
         ),
-        Operand(
-            "kv_cache",
-            4,
-            "new_kv's or float8_e4m3fn",
-            "[P, page_size, 2*Hkv, D]; with value_cache: K alone, [P, page_size, Hkv, D]",
-        ),
+        Operand("kv_cache", 4, "new_kv's or float8_e4m3fn", _KV_CACHE, other_ranks=(5,)),
         K_SCALES,
         V_SCALES,
         _value_cache_written("kv_cache"),
@@ -834,12 +837,7 @@ KV_CACHE_STORE = Op(
         Operand("key", 3, _FLOATS, _KV_ROWS + ": the new tokens' K rows"),
         Operand("value", 3, "key's", _KV_ROWS + ": their V rows"),
         KV_CACHE_UPDATE.operands[1],
-        Operand(
-            "kv_cache",
-            4,
-            "key's or float8_e4m3fn",
-            "[P, page_size, 2*Hkv, D]; with value_cache: K alone, [P, page_size, Hkv, D]",
-        ),
+        Operand("kv_cache", 4, "key's or float8_e4m3fn", _KV_CACHE, other_ranks=(5,)),
         K_SCALES,
         V_SCALES,
         _value_cache_written("kv_cache"),

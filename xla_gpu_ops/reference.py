@@ -63,7 +63,8 @@ def paged_attention(
     kv_cache may be float8_e4m3fn: it is dequantised exactly (fp8 -> compute_dtype), and the
     scales apply as logits * k_scale and out * v_scale; k_scales / v_scales [Hkv] or [1] (None or
     empty: none) multiply them per KV head. value_cache [P, page_size, Hkv, D] (None or empty:
-    none): V apart, kv_cache then holding K alone. kv_layout "HND": each cache is
+    none): V apart, kv_cache then holding K alone; a kv_cache [P, 2, page_size, Hkv, D] holds K at
+    [:, 0] and V at [:, 1]. kv_layout "HND": each cache is
     [P, heads, page_size, D] instead of [P, page_size, heads, D]. sinks [Hq] (None or empty: none): head h's
     sink is one more logit in each of its rows, after scale, soft cap and mask, that joins the
     softmax and is dropped after it (gpt-oss's attention sinks). Rows at or past
@@ -71,13 +72,14 @@ def paged_attention(
     check_host_values).
     """
     _, num_q_heads, head_dim = query.shape
-    separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    kv_cache, value_cache = cache_pair(kv_cache, value_cache)
     if kv_layout == "HND":  # read as NHD views: [P, page_size, heads, D]
         kv_cache = kv_cache.transpose(1, 2)
-        if value_cache is not None and separate:
+        if value_cache is not None:
             value_cache = value_cache.transpose(1, 2)
     page_size = kv_cache.shape[1]
-    num_kv_heads = kv_cache.shape[2] if separate else kv_cache.shape[2] // 2
+    # value_cache None: K and V interleaved in kv_cache
+    num_kv_heads = kv_cache.shape[2] if value_cache is not None else kv_cache.shape[2] // 2
     group = num_q_heads // num_kv_heads
     k_per_head = per_q_head(k_scales, k_scale, num_kv_heads, group, compute_dtype, query.device)
     v_per_head = per_q_head(v_scales, v_scale, num_kv_heads, group, compute_dtype, query.device)
@@ -92,7 +94,7 @@ def paged_attention(
             continue
         num_used_pages = -(-kv_len // page_size)
         pages = block_tables[i, :num_used_pages].long()
-        if separate:
+        if value_cache is not None:
             k = _gather(kv_cache, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len]
             v = _gather(value_cache, pages).reshape(-1, num_kv_heads, head_dim)[:kv_len]
         else:
@@ -195,7 +197,8 @@ def kv_cache_store(
     value_cache: torch.Tensor | None = None,
 ) -> None:
     """kv_cache_update of the rows key and value interleave into (K at even, V at odd heads), or
-    with value_cache, of key into kv_cache and value into value_cache."""
+    with value_cache, of key into kv_cache and value into value_cache (a [P, 2, ...] kv_cache:
+    into its halves)."""
     scales = {"k_scales": k_scales, "v_scales": v_scales}
     for cache, rows in cache_writes(key, value, kv_cache, value_cache, k_scale, v_scale, **scales):
         _scatter(cache, slot_mapping, rows, kv_layout)
@@ -208,9 +211,20 @@ def cache_writes(key, value, kv_cache, value_cache, k_scale, v_scale, *, k_scale
     heads, device = key.shape[1], key.device
     k = key.float() / per_kv_head(k_scales, k_scale, heads, torch.float32, device)[:, None]
     v = value.float() / per_kv_head(v_scales, v_scale, heads, torch.float32, device)[:, None]
-    if ops.is_absent(value_cache):
+    kv_cache, value_cache = cache_pair(kv_cache, value_cache)
+    if value_cache is None:
         return [(kv_cache, interleave_kv(k, v))]
     return [(kv_cache, k), (value_cache, v)]
+
+
+def cache_pair(
+    kv_cache: torch.Tensor, value_cache: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(K cache, V cache) of a call: a [P, 2, ...] kv_cache's halves (views, so writes go
+    through), or kv_cache and value_cache; None for V where K and V interleave in kv_cache."""
+    if kv_cache.dim() == 5:
+        return kv_cache[:, 0], kv_cache[:, 1]
+    return kv_cache, None if ops.is_absent(value_cache) else value_cache
 
 
 def _scatter(

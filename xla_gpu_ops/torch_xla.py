@@ -309,6 +309,8 @@ def kv_cache_store_composite(
         key, value, kv_cache, value_cache, k_scale, v_scale, k_scales=k_scales, v_scales=v_scales
     )
     updated = [_scatter_rows(cache, slot_mapping, rows, kv_layout) for cache, rows in writes]
+    if kv_cache.dim() == 5:  # K and V in one tensor: its halves, written, stacked again
+        updated = [torch.stack(updated, dim=1)]
     if len(updated) == 1:  # value_cache left out: its result is the [0] stand-in
         updated.append(kv_cache.new_empty((0,), dtype=getattr(torch, ops.ABSENT_DTYPE)))
     return updated[0], updated[1]
@@ -335,7 +337,7 @@ def _scatter_nhd(cache: torch.Tensor, slot_mapping: torch.Tensor, scaled: torch.
     to that token's slot instead (or, with no valid token, row 0 back onto itself): duplicate
     writes of equal values, so every real slot gets exactly its new row and nothing else moves.
     """
-    rows = cache.view(-1, *cache.shape[2:])
+    rows = cache.reshape(-1, *cache.shape[2:])  # a copy for a [P, 2, ...] cache's half
     capacity = rows.shape[0]
     if (
         cache.dtype == torch.float8_e4m3fn
@@ -392,13 +394,14 @@ def paged_attention_composite(
     zeros. Inputs must already be checked (static shapes); bad metadata gives unspecified rows.
     """
     num_tokens, num_q_heads, head_dim = query.shape
-    separate = value_cache is not None and value_cache.dim() == 4  # else K and V interleaved
+    kv_cache, value_cache = reference.cache_pair(kv_cache, value_cache)
     if kv_layout == "HND":  # as NHD: [P, page_size, heads, D] (a transpose of the graph)
         kv_cache = kv_cache.transpose(1, 2).contiguous()
-        if value_cache is not None and separate:
+        if value_cache is not None:
             value_cache = value_cache.transpose(1, 2).contiguous()
     _, page_size, cache_heads, _ = kv_cache.shape
-    num_kv_heads = cache_heads if separate else cache_heads // 2
+    # value_cache None: K and V interleaved in kv_cache
+    num_kv_heads = cache_heads if value_cache is not None else cache_heads // 2
     group = num_q_heads // num_kv_heads
     max_num_seqs, pages_per_seq = block_tables.shape
     max_kv_len = pages_per_seq * page_size
@@ -420,7 +423,7 @@ def paged_attention_composite(
 
     # Keys and values of each token's sequence: [T, L, Hkv, D], L = pages_per_seq * page_size.
     pages = block_tables[seq].long()  # [T, pages_per_seq]
-    if value_cache is not None and separate:
+    if value_cache is not None:
         keys = kv_cache[pages].reshape(num_tokens, max_kv_len, num_kv_heads, head_dim).float()
         values = value_cache[pages].reshape(num_tokens, max_kv_len, num_kv_heads, head_dim).float()
     else:

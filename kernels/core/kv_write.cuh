@@ -1,9 +1,8 @@
 // Writes of new tokens' K and V rows into a paged cache, shared by kv_cache_update (K and V
 // interleaved in new_kv) and kv_cache_store (key and value apart): the static checks, the slot
-// checks, the CUDA scatter and the host (XLA:CPU) scatter. Either op writes into one interleaved
-// cache [P, page_size, 2*Hkv, D] (K even, V odd heads) or into caches of their own (kv_cache: K,
-// value_cache: V, each [P, page_size, Hkv, D]). Sources and caches are addressed through element
-// strides, so each op only says where its rows are.
+// checks, the CUDA scatter and the host (XLA:CPU) scatter. Either op writes into any cache
+// arrangement of core/kv_cache.h (interleaved, separate, paired; NHD or HND). Sources and caches
+// are addressed through element strides, so each op only says where its rows are.
 //
 // Token n goes to page slot / page_size, row slot % page_size; a negative slot is padding. K is
 // stored divided by its scale, V by its own (scales.h), rounded to the cache dtype (fp8 saturates
@@ -35,25 +34,25 @@ namespace xgo {
 namespace {
 
 // Everything static about one write. Element offsets of KV head h of token n: in the sources
-// n * src_token + h * src_head (V: + src_v, in value's buffer); in a cache, for slot s at page
-// s / page_size, row s % page_size: page * cache_page + row * cache_row + h * cache_head (V:
-// + cache_v, in value_cache's buffer when separate). NHD or HND (kv_layout) is only strides.
+// n * src_token + h * src_head (V: + src_v, in value's buffer); in the caches, for slot s at page
+// s / page_size, row s % page_size, the cache layout's strides (core/kv_cache.h).
 struct KvWrite {
   const char* op;
   int32_t dtype;        // the new rows
   int32_t cache_dtype;  // the cache(s): the rows' dtype or float8_e4m3fn
   int32_t slot_dtype;   // int32 or int64
-  int64_t num_tokens, num_kv_heads, head_dim, num_slots, page_size;
+  int64_t num_tokens, num_kv_heads, head_dim, num_slots;
   int64_t src_token, src_head, src_v;
-  int64_t cache_page, cache_row, cache_head, cache_v;
-  bool separate;  // V in value_cache
+  KvCacheLayout cache;
   float k_scale, v_scale;
   int64_t k_scales_len, v_scales_len;  // entries of k_scales / v_scales: 0 (none), 1 or Hkv
 
-  // Elements of each cache buffer (one interleaved cache, or each of K and V).
-  int64_t cache_elems() const { return num_slots / page_size * cache_page; }
+  bool separate() const { return cache.caches == KvCaches::kSeparate; }
+  // Elements of each cache buffer (kv_cache; value_cache too when separate).
+  int64_t cache_elems() const { return cache.num_pages * cache.page_stride; }
   XGO_HOST_DEVICE int64_t CacheOffset(int64_t slot, int64_t kv_head) const {
-    return slot / page_size * cache_page + slot % page_size * cache_row + kv_head * cache_head;
+    return slot / cache.page_size * cache.page_stride + slot % cache.page_size * cache.row_stride +
+           kv_head * cache.head_stride;
   }
 };
 
@@ -88,13 +87,11 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                         XgoResults* results) {
   const Shape& key = *rows.key;
   const bool apart = rows.value != nullptr;
-  // value_cache absent: the [0] array every front end passes for a left-out optional operand
-  const bool separate = !(value_cache.rank == 1 && value_cache.dims[0] == 0);
   XGO_RETURN_IF_FAILED(CheckRank(op, rows.key_name, key, 3));
   if (apart) XGO_RETURN_IF_FAILED(CheckRank(op, "value", *rows.value, 3));
   XGO_RETURN_IF_FAILED(CheckRank(op, "slot_mapping", slots, 1));
-  XGO_RETURN_IF_FAILED(CheckRank(op, "kv_cache", cache, 4));
-  if (separate) XGO_RETURN_IF_FAILED(CheckRank(op, "value_cache", value_cache, 4));
+  KvCacheLayout layout{};
+  XGO_RETURN_IF_FAILED(DescribeKvCaches(op, cache, value_cache, kv_layout, &layout));
   XGO_RETURN_IF_FAILED(CheckRank(op, "k_scales", k_scales, 1));
   XGO_RETURN_IF_FAILED(CheckRank(op, "v_scales", v_scales, 1));
   XGO_RETURN_IF_FAILED(CheckDtype(op, rows.key_name, key, ComputeDtypes{}));
@@ -103,14 +100,6 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
   if (cache.dtype != key.dtype && cache.dtype != XGO_F8E4M3FN) {
     return Fail(XGO_INVALID_DTYPE, "%s: kv_cache: dtype %s is neither %s's %s nor float8_e4m3fn",
                 op, DtypeText(cache.dtype).c_str(), rows.key_name, DtypeText(key.dtype).c_str());
-  }
-  if (separate) {
-    XGO_RETURN_IF_FAILED(CheckSameDtype(op, "value_cache", value_cache, "kv_cache", cache));
-    if (!value_cache.SameDims(cache)) {
-      return Fail(XGO_INVALID_ARGUMENT,
-                  "%s: value_cache: shape %s differs from the K cache's (kv_cache) %s", op,
-                  value_cache.Text().c_str(), cache.Text().c_str());
-    }
   }
   if (apart && !rows.value->SameDims(key)) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: value: shape %s differs from key's %s", op,
@@ -121,29 +110,12 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                 static_cast<long long>(slots.dims[0]), rows.key_name,
                 static_cast<long long>(key.dims[0]));
   }
-  for (int d = 0; d < 4; ++d) {
-    if (cache.dims[d] <= 0) {
-      return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s has an empty dimension", op,
-                  cache.Text().c_str());
-    }
-  }
-  XGO_RETURN_IF_FAILED(CheckKvLayout(op, kv_layout));
-  const bool head_major = kv_layout == kKvLayoutHnd;
-  // The cache's dims of heads and of a page's rows: [P, page_size, heads, D] or (HND) swapped.
-  const int heads_dim = head_major ? 1 : 2;
-  const int64_t heads = cache.dims[heads_dim], page_size = cache.dims[3 - heads_dim];
-  if (!separate && heads % 2 != 0) {
-    return Fail(XGO_INVALID_ARGUMENT,
-                "%s: kv_cache: dim %d must be 2 * num_kv_heads (K and V interleaved), got %lld; "
-                "give value_cache for K and V in caches of their own",
-                op, heads_dim, static_cast<long long>(heads));
-  }
-  // Per source row and per cache row, heads as the interleaved layout counts them (K and V).
+  // Per source row and per cache page row, heads as the interleaved layout counts them (K and V).
+  const bool interleaved = layout.caches == KvCaches::kInterleaved;
   const int64_t source_heads = apart ? 2 * key.dims[1] : key.dims[1];
-  const int64_t cache_heads = separate ? 2 * heads : heads;
-  if (source_heads != cache_heads || key.dims[2] != cache.dims[3]) {
+  if (source_heads != 2 * layout.num_kv_heads || key.dims[2] != layout.head_dim) {
     const char* rows_of = apart ? "[Hkv, D]" : "[2 * Hkv, D]";
-    const char* cache_of = separate ? "[Hkv, D]" : "[2 * Hkv, D]";
+    const char* cache_of = interleaved ? "[2 * Hkv, D]" : "[Hkv, D]";
     return Fail(XGO_INVALID_ARGUMENT,
                 "%s: %s: rows of shape (%lld, %lld) do not match kv_cache %s (%s rows, %s "
                 "cache rows)",
@@ -160,21 +132,16 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                   static_cast<double>(value));
     }
   }
-  // The kernel indexes a token's K and V elements with int and a cache with int64: both must fit.
-  int64_t row = 0, num_slots = 0, cache_elems = 0;
-  // row: a token's K and V elements (2 * Hkv * D), the write kernel's int loop bound
-  if (__builtin_mul_overflow(cache_heads, cache.dims[3], &row) || row > INT32_MAX ||
-      __builtin_mul_overflow(cache.dims[0], page_size, &num_slots) ||
-      __builtin_mul_overflow(num_slots, row, &cache_elems)) {
+  // The kernel indexes a token's K and V elements (2 * Hkv * D) with int: they must fit.
+  const int64_t num_kv_heads = layout.num_kv_heads, head_dim = layout.head_dim;
+  int64_t row = 0;
+  if (__builtin_mul_overflow(2 * num_kv_heads, head_dim, &row) || row > INT32_MAX) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s is too large", op,
                 cache.Text().c_str());
   }
-  const int64_t num_kv_heads = source_heads / 2, head_dim = key.dims[2];
   XGO_RETURN_IF_FAILED(CheckScales(op, "k_scale", k_scales, num_kv_heads));
   XGO_RETURN_IF_FAILED(CheckScales(op, "v_scale", v_scales, num_kv_heads));
   const int64_t apart_row = num_kv_heads * head_dim;
-  // A cache's next combined head: + D (NHD) or + page_size * D (HND); interleaved V is the next.
-  const int64_t next_head = head_major ? page_size * head_dim : head_dim;
   *w = KvWrite{op,
                key.dtype,
                cache.dtype,
@@ -182,16 +149,11 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
                key.dims[0],
                num_kv_heads,
                head_dim,
-               num_slots,
-               page_size,
+               layout.num_pages * layout.page_size,
                apart ? apart_row : 2 * apart_row,
                apart ? head_dim : 2 * head_dim,
                apart ? 0 : head_dim,
-               page_size * heads * head_dim,
-               head_major ? head_dim : heads * head_dim,
-               separate ? next_head : 2 * next_head,
-               separate ? 0 : next_head,
-               separate,
+               layout,
                k_scale,
                v_scale,
                k_scales.dims[0],
@@ -242,7 +204,7 @@ __global__ void __launch_bounds__(kKvWriteThreads)
       const bool is_v = e >= row;
       const int at = is_v ? e - row : e, h = at / head_dim, d = at % head_dim;
       const In* source = is_v ? value + w.src_v : key;
-      Out* target = is_v ? v_cache + w.cache_v : k_cache;
+      Out* target = is_v ? v_cache + w.cache.v_offset : k_cache;
       const float scale = is_v ? scales.V(h) : scales.K(h);
       target[w.CacheOffset(slot, h) + d] =
           FromFloat<Out>(ToFloat(source[n * w.src_token + h * w.src_head + d]) / scale);
@@ -263,9 +225,9 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
       {"k_scales", b.k_scales, !scales_absent[0] && w.num_tokens > 0},
       {"v_scales", b.v_scales, !scales_absent[1] && w.num_tokens > 0},
       {"kv_cache", b.cache, true},
-      {"value_cache", b.value_cache, w.separate},
+      {"value_cache", b.value_cache, w.separate()},
       {"the result kv_cache", b.out, true},
-      {"the result value_cache", b.value_out, w.separate},
+      {"the result value_cache", b.value_out, w.separate()},
   };
   for (const auto& p : pointers) {
     if (p.needed && p.pointer == nullptr) {
@@ -277,7 +239,7 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
   if (b.out != b.cache) {
     XGO_CUDA_CHECK(cudaMemcpyAsync(b.out, b.cache, bytes, cudaMemcpyDeviceToDevice, stream));
   }
-  if (w.separate && b.value_out != b.value_cache) {
+  if (w.separate() && b.value_out != b.value_cache) {
     XGO_CUDA_CHECK(
         cudaMemcpyAsync(b.value_out, b.value_cache, bytes, cudaMemcpyDeviceToDevice, stream));
   }
@@ -294,7 +256,7 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
       KvWriteKernel<In, Out, Slot><<<blocks, kKvWriteThreads, 0, stream>>>(
           static_cast<const In*>(b.key), static_cast<const In*>(b.value),
           static_cast<const Slot*>(b.slots), k_cache,
-          w.separate ? static_cast<Out*>(b.value_out) : k_cache, w, scales);
+          w.separate() ? static_cast<Out*>(b.value_out) : k_cache, w, scales);
       XGO_CUDA_CHECK(cudaGetLastError());
       return int32_t{XGO_OK};
     };
@@ -312,7 +274,7 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
   XGO_RETURN_IF_FAILED(CheckKvSlots(w, b.slots));
   const size_t bytes = static_cast<size_t>(w.cache_elems()) * DtypeSize(w.cache_dtype);
   if (b.out != b.cache) std::memcpy(b.out, b.cache, bytes);
-  if (w.separate && b.value_out != b.value_cache) std::memcpy(b.value_out, b.value_cache, bytes);
+  if (w.separate() && b.value_out != b.value_cache) std::memcpy(b.value_out, b.value_cache, bytes);
   return host::DispatchHost(ComputeDtypes{}, w.dtype, w.op, [&](auto type) {
     using In = typename decltype(type)::Type;
     auto scatter = [&](auto cache_type) -> int32_t {
@@ -322,7 +284,7 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
       const auto* key = static_cast<const Source*>(b.key);
       const auto* value = static_cast<const Source*>(b.value) + w.src_v;
       auto* k_cache = static_cast<Target*>(b.out);
-      auto* v_cache = w.separate ? static_cast<Target*>(b.value_out) : k_cache + w.cache_v;
+      auto* v_cache = w.separate() ? static_cast<Target*>(b.value_out) : k_cache + w.cache.v_offset;
       const KvScales scales = MakeKvScales(w.k_scale, w.v_scale, w.k_scales_len, w.v_scales_len,
                                            b.k_scales, b.v_scales);
       for (int64_t n = 0; n < w.num_tokens; ++n) {

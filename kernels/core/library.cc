@@ -92,6 +92,84 @@ int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,
               op, attribute, static_cast<long long>(num_kv_heads), scales.Text().c_str());
 }
 
+int32_t DescribeKvCaches(const char* op, const Shape& kv_cache, const Shape& value_cache,
+                         int64_t kv_layout, KvCacheLayout* layout) {
+  XGO_RETURN_IF_FAILED(CheckKvLayout(op, kv_layout));
+  const bool head_major = kv_layout == kKvLayoutHnd;
+  // value_cache absent: the [0] array every front end passes for a left-out optional operand
+  const bool separate = !(value_cache.rank == 1 && value_cache.dims[0] == 0);
+  const bool paired = kv_cache.rank == 5;
+  const char* dims_text =
+      head_major ? "[P, heads, page_size, D] (kv_layout HND)" : "[P, page_size, heads, D]";
+  if (kv_cache.rank != 4 && !paired) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "%s: kv_cache: expected rank 4 %s or 5 [P, 2, ...] (K and V in one tensor), got "
+                "shape %s",
+                op, dims_text, kv_cache.Text().c_str());
+  }
+  if (paired && kv_cache.dims[1] != 2) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "%s: kv_cache: a rank-5 cache is [P, 2, ...] with K at [:, 0] and V at [:, 1], got "
+                "shape %s",
+                op, kv_cache.Text().c_str());
+  }
+  if (paired && separate) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "%s: value_cache: kv_cache %s already holds V at [:, 1]; leave value_cache out", op,
+                kv_cache.Text().c_str());
+  }
+  if (separate) {
+    XGO_RETURN_IF_FAILED(CheckRank(op, "value_cache", value_cache, 4));
+    XGO_RETURN_IF_FAILED(CheckSameDtype(op, "value_cache", value_cache, "kv_cache", kv_cache));
+    if (!value_cache.SameDims(kv_cache)) {
+      return Fail(XGO_INVALID_ARGUMENT,
+                  "%s: value_cache: shape %s differs from the K cache's "
+                  "(kv_cache) %s",
+                  op, value_cache.Text().c_str(), kv_cache.Text().c_str());
+    }
+  }
+  for (int d = 0; d < kv_cache.rank; ++d) {
+    if (kv_cache.dims[d] <= 0) {
+      return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s has an empty dimension", op,
+                  kv_cache.Text().c_str());
+    }
+  }
+  // [P, (2,) a, b, D]: the dims of heads and of a page's rows
+  const int first = paired ? 2 : 1;
+  const int heads_dim = first + (head_major ? 0 : 1), page_dim = first + (head_major ? 1 : 0);
+  const int64_t heads = kv_cache.dims[heads_dim];
+  const bool interleaved = !separate && !paired;
+  if (interleaved && heads % 2 != 0) {
+    return Fail(XGO_INVALID_ARGUMENT,
+                "%s: kv_cache: dim %d must be 2 * num_kv_heads (%sK and V interleaved), got %lld; "
+                "give value_cache for K and V in caches of their own, or one [P, 2, ...] cache",
+                op, heads_dim, head_major ? "kv_layout HND, " : "", static_cast<long long>(heads));
+  }
+  KvCacheLayout& l = *layout;
+  l.caches = separate ? KvCaches::kSeparate : paired ? KvCaches::kPaired : KvCaches::kInterleaved;
+  l.head_major = head_major;
+  l.num_pages = kv_cache.dims[0];
+  l.page_size = kv_cache.dims[page_dim];
+  l.num_kv_heads = interleaved ? heads / 2 : heads;
+  l.head_dim = kv_cache.dims[kv_cache.rank - 1];
+  // One head's extent: a row of D (NHD) or a page of rows (HND); interleaved V is the next head.
+  const int64_t head_extent = head_major ? l.page_size * l.head_dim : l.head_dim;
+  // a page of one tensor's heads; every element offset of the cache must fit in int64
+  int64_t rows = 0, block = 0, page = 0, elems = 0;
+  if (__builtin_mul_overflow(heads, l.page_size, &rows) ||
+      __builtin_mul_overflow(rows, l.head_dim, &block) ||
+      __builtin_mul_overflow(block, paired ? 2 : 1, &page) ||
+      __builtin_mul_overflow(page, l.num_pages, &elems)) {
+    return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s is too large", op,
+                kv_cache.Text().c_str());
+  }
+  l.row_stride = head_major ? l.head_dim : heads * l.head_dim;
+  l.head_stride = interleaved ? 2 * head_extent : head_extent;
+  l.page_stride = page;
+  l.v_offset = interleaved ? head_extent : paired ? block : 0;
+  return XGO_OK;
+}
+
 }  // namespace xgo
 
 extern "C" {

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/dtypes.h"
+#include "core/kv_cache.h"
 #include "core/status.h"
 #include "xla_gpu_ops/c_api.h"
 
@@ -104,6 +105,13 @@ inline int32_t CheckKvLayout(const char* op, int64_t layout) {
   return Fail(XGO_INVALID_ARGUMENT, "%s: kv_layout: %lld is neither 0 (NHD) nor 1 (HND)", op,
               static_cast<long long>(layout));
 }
+
+// Checks kv_cache and value_cache (absent: the [0] stand-in) against each other and kv_layout:
+// ranks, the pair dimension, matching shapes and dtypes, positive dims, an even head count when
+// interleaved; errors name `op` and the argument. Fills *layout. Dtypes against the other
+// operands and head_dim against query's stay with the op.
+int32_t DescribeKvCaches(const char* op, const Shape& kv_cache, const Shape& value_cache,
+                         int64_t kv_layout, KvCacheLayout* layout);
 
 // Adds an op to the library's table (XGO_DEFINE_OP, while the library loads); false when the
 // table is full (the package then reports the op as missing).

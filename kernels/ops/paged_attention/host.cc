@@ -93,11 +93,11 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   S* out_data = static_cast<S*>(out);
   const int64_t D = c.head_dim;
   const int64_t group = c.num_q_heads / c.num_kv_heads;
-  // V: its own cache, or the next combined head of kv_cache (PagedAttentionConfig strides)
-  const KS* v_data =
-      c.separate_kv ? static_cast<const KS*>(value_cache) : kv_data + c.kv_interleaved_v_offset();
-  const int64_t page_stride = c.kv_page_stride(), row_stride = c.kv_row_stride();
-  const int64_t head_stride = c.kv_head_stride();
+  // V: its own cache, or kv_cache from v_offset on (KvCacheLayout strides)
+  const KS* v_data = c.kv.caches == KvCaches::kSeparate ? static_cast<const KS*>(value_cache)
+                                                        : kv_data + c.kv.v_offset;
+  const int64_t page_stride = c.kv.page_stride, row_stride = c.kv.row_stride;
+  const int64_t head_stride = c.kv.head_stride;
   const bool capped = c.soft_cap > 0.0f;
   const KvScales scales =
       MakeKvScales(c.k_scale, c.v_scale, c.k_scales_len, c.v_scales_len, k_scales, v_scales);

@@ -298,14 +298,14 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
     // an optional operand left out is [0]: any pointer
     const bool absent = (i == kSinks && !c.has_sinks) || (i == kKScales && c.k_scales_len == 0) ||
                         (i == kVScales && c.v_scales_len == 0) ||
-                        (i == kValueCache && !c.separate_kv);
+                        (i == kValueCache && c.kv.caches != KvCaches::kSeparate);
     if (buffers[i] == nullptr && !absent) {
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", name);
     }
   }
   // 16-byte cp.async and vector stores need aligned rows (every row is a multiple of 16 bytes).
   for (const int i : {int{kQuery}, int{kKvCache}, int{kOut}, int{kWorkspace}, int{kValueCache}}) {
-    if (i == kValueCache && !c.separate_kv) continue;
+    if (i == kValueCache && c.kv.caches != KvCaches::kSeparate) continue;
     if (!Aligned16(buffers[i])) {
       const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be 16-byte aligned", name);
@@ -316,13 +316,14 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.query = buffers[kQuery];
   params.kv_cache = buffers[kKvCache];
   // Both caches are 16-byte aligned (checked above), so the difference is whole elements.
-  params.v_offset = c.separate_kv ? (reinterpret_cast<intptr_t>(buffers[kValueCache]) -
-                                     reinterpret_cast<intptr_t>(buffers[kKvCache])) /
-                                        DtypeSize(c.kv_dtype)
-                                  : c.kv_interleaved_v_offset();
-  params.kv_page_stride = c.kv_page_stride();
-  params.kv_row_stride = static_cast<int>(c.kv_row_stride());
-  params.kv_head_stride = static_cast<int>(c.kv_head_stride());
+  params.v_offset = c.kv.caches == KvCaches::kSeparate
+                        ? (reinterpret_cast<intptr_t>(buffers[kValueCache]) -
+                           reinterpret_cast<intptr_t>(buffers[kKvCache])) /
+                              DtypeSize(c.kv_dtype)
+                        : c.kv.v_offset;
+  params.kv_page_stride = c.kv.page_stride;
+  params.kv_row_stride = static_cast<int>(c.kv.row_stride);
+  params.kv_head_stride = static_cast<int>(c.kv.head_stride);
   params.context_lens = static_cast<const int32_t*>(buffers[kContextLens]);
   params.block_tables = static_cast<const int32_t*>(buffers[kBlockTables]);
   params.query_start_loc = static_cast<const int32_t*>(buffers[kQueryStartLoc]);

@@ -53,20 +53,14 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   const Shape& num_seqs = call.operands[kNumSeqs];
   const Shape& sinks = call.operands[kSinks];
   const Shape& value_cache = call.operands[kValueCache];
-  // value_cache absent: the [0] array every front end passes for a left-out optional operand
-  const bool separate_kv = !(value_cache.rank == 1 && value_cache.dims[0] == 0);
-  constexpr int kRanks[] = {3, 4, 1, 2, 1, 1, 1, 1, 1, 4};
-  for (int i = 0; i < kValueCache + (separate_kv ? 1 : 0); ++i) {
-    XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
-  }
-  if (separate_kv) {  // K and V caches of one shape and dtype
-    XGO_RETURN_IF_FAILED(CheckSameDtype(kOp, "value_cache", value_cache, "kv_cache", kv_cache));
-    if (!value_cache.SameDims(kv_cache)) {
-      return Fail(XGO_INVALID_ARGUMENT,
-                  "paged_attention: value_cache: shape %s differs from the K cache's (kv_cache) %s",
-                  value_cache.Text().c_str(), kv_cache.Text().c_str());
+  constexpr int kRanks[] = {3, -1, 1, 2, 1, 1, 1, 1, 1};  // kv_cache, value_cache: below
+  for (int i = 0; i < kValueCache; ++i) {
+    if (kRanks[i] >= 0) {
+      XGO_RETURN_IF_FAILED(CheckRank(kOp, kOperandNames[i], call.operands[i], kRanks[i]));
     }
   }
+  KvCacheLayout kv{};
+  XGO_RETURN_IF_FAILED(DescribeKvCaches(kOp, kv_cache, value_cache, call.attrs.kv_layout, &kv));
   XGO_RETURN_IF_FAILED(CheckDtype(kOp, "query", query, ComputeDtypes{}));
   if (kv_cache.dtype != query.dtype && kv_cache.dtype != XGO_F8E4M3FN) {
     return Fail(XGO_INVALID_DTYPE,
@@ -83,30 +77,11 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                 "none, got %s",
                 static_cast<long long>(query.dims[1]), sinks.Text().c_str());
   }
-  XGO_RETURN_IF_FAILED(CheckKvLayout(kOp, call.attrs.kv_layout));
-  const bool head_major = call.attrs.kv_layout == kKvLayoutHnd;
-  // The cache's dims of heads and of a page's rows: [P, page_size, heads, D] or (HND) swapped.
-  const int heads_dim = head_major ? 1 : 2, page_dim = head_major ? 2 : 1;
-  const int64_t cache_heads = kv_cache.dims[heads_dim];
   const int64_t head_dim = query.dims[2];
-  if (kv_cache.dims[3] != head_dim) {
+  if (kv.head_dim != head_dim) {
     return Fail(XGO_INVALID_ARGUMENT,
                 "paged_attention: kv_cache: head_dim %lld differs from query's %lld",
-                static_cast<long long>(kv_cache.dims[3]), static_cast<long long>(head_dim));
-  }
-  if (!separate_kv && (cache_heads <= 0 || cache_heads % 2 != 0)) {
-    return Invalid("kv_cache",
-                   head_major ? "dim 1 must be 2 * num_kv_heads (kv_layout HND; K and V "
-                                "interleaved; K and V apart: give value_cache)"
-                              : "dim 2 must be 2 * num_kv_heads (K and V interleaved; K and V "
-                                "apart: give value_cache)",
-                   cache_heads);
-  }
-  if (separate_kv && cache_heads <= 0) {
-    return Invalid("kv_cache",
-                   head_major ? "dim 1 (num_kv_heads, kv_layout HND) must be positive"
-                              : "dim 2 (num_kv_heads) must be positive",
-                   cache_heads);
+                static_cast<long long>(kv.head_dim), static_cast<long long>(head_dim));
   }
   const int64_t max_num_seqs = context_lens.dims[0];
   if (block_tables.dims[0] != max_num_seqs) {
@@ -130,11 +105,10 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.num_tokens = query.dims[0];
   c.num_q_heads = query.dims[1];
   c.head_dim = head_dim;
-  c.num_pages = kv_cache.dims[0];
-  c.page_size = kv_cache.dims[page_dim];
-  c.separate_kv = separate_kv;
-  c.head_major = head_major;
-  c.num_kv_heads = separate_kv ? cache_heads : cache_heads / 2;
+  c.num_pages = kv.num_pages;
+  c.page_size = kv.page_size;
+  c.num_kv_heads = kv.num_kv_heads;
+  c.kv = kv;
   c.max_num_seqs = max_num_seqs;
   c.pages_per_seq = block_tables.dims[1];
   c.sliding_window = call.attrs.sliding_window;
@@ -159,7 +133,6 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                 "paged_attention: query: num_q_heads %lld is not a multiple of num_kv_heads %lld",
                 static_cast<long long>(c.num_q_heads), static_cast<long long>(c.num_kv_heads));
   }
-  if (c.num_pages <= 0) return Invalid("kv_cache", "needs at least one page", c.num_pages);
   if (c.page_size < 1 || c.page_size > kMaxPageSize) {
     return Invalid("kv_cache", "page_size must be in [1, 128]", c.page_size);
   }

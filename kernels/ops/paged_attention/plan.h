@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "core/kv_cache.h"
 #include "ops/paged_attention/tuning.h"
 #include "xla_gpu_ops/c_api.h"
 
@@ -33,18 +34,7 @@ struct PagedAttentionConfig {
   bool has_sinks;  // sinks is [num_q_heads], not [0]
   // Entries of k_scales / v_scales: 0 (none), 1 (one for every KV head) or num_kv_heads.
   int64_t k_scales_len, v_scales_len;
-  bool separate_kv;  // V in value_cache, kv_cache holding K alone; else interleaved in kv_cache
-  bool
-      head_major;  // kv_layout "HND": [P, heads, page_size, D]; else "NHD" [P, page_size, heads, D]
-
-  // Strides in elements, the same for K and V. K of KV head h at page p, row r is at kv_cache +
-  // p * kv_page_stride + r * kv_row_stride + h * kv_head_stride; V likewise in value_cache, or at
-  // + kv_interleaved_v_offset from K when interleaved (the next combined head).
-  int64_t kv_cache_heads() const { return (separate_kv ? 1 : 2) * num_kv_heads; }
-  int64_t kv_row_stride() const { return head_major ? head_dim : kv_cache_heads() * head_dim; }
-  int64_t kv_interleaved_v_offset() const { return head_major ? page_size * head_dim : head_dim; }
-  int64_t kv_head_stride() const { return (separate_kv ? 1 : 2) * kv_interleaved_v_offset(); }
-  int64_t kv_page_stride() const { return page_size * kv_cache_heads() * head_dim; }
+  KvCacheLayout kv;  // the caches' arrangement (interleaved, separate, paired), order, strides
 };
 
 // Workspace (float32 elements), in this order:

@@ -87,13 +87,14 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // The sm_90a kernel's K/V tensor maps (Sm90KvTensorMap): boxes of one page, or of one tile where
 // pages are larger than a tile. 16-bit caches: 64 columns per box with the 128-byte swizzle the
 // wgmma descriptors read; fp8 caches: a whole row of kD bytes per box, unswizzled, into the staging
-// buffer. An interleaved cache is one map for K and V (combined heads 2 h and 2 h + 1), K and V
-// caches of their own a map each. The layout comes from the strides (launch.cu sets them from
-// PagedAttentionConfig): HND where a head's rows are further apart than a page's rows, and
-// interleaved where the combined heads are twice a head's extent apart. Left with box_rows 0
-// (cp.async only) where the page size is not a multiple of 8 (the swizzle repeats every 8 rows),
-// neither divides nor is divided by the tile, a cache is not 16-byte aligned, the pages are not
-// dense, a coordinate would pass INT32_MAX or the driver refuses: the kernel is correct either way.
+// buffer. One map serves K and V where they share a tensor (interleaved, paired), separate caches
+// get a map each. The arrangement comes from the strides (launch.cu copies them from
+// KvCacheLayout): HND where a head's rows are further apart than a page's rows, interleaved where
+// the heads are two head extents apart, paired where V's block of a page follows K's. Left with
+// box_rows 0 (cp.async only) where the page size is not a multiple of 8 (the swizzle repeats every
+// 8 rows), neither divides nor is divided by the tile, a cache is not 16-byte aligned, the strides
+// are none of these, a coordinate would pass INT32_MAX or the driver refuses: the kernel is
+// correct either way.
 template <int kD, bool kFp8>
 Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   constexpr int kN = Sm90PrefillConfig<kD, kFp8>::kBlockN;
@@ -107,29 +108,32 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const int64_t head_extent = head_major ? static_cast<int64_t>(page_size) * kD : kD;
   const bool interleaved = params.kv_head_stride == 2 * head_extent;
   const int64_t heads = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
-  const int64_t page_elems = heads * page_size * kD;
-  const bool dense = params.kv_page_stride == page_elems &&
-                     params.kv_row_stride == (head_major ? kD : heads * kD) &&
-                     (interleaved || params.kv_head_stride == head_extent);
+  const int64_t block = heads * page_size * kD;  // a page of one tensor's heads
+  const bool paired =
+      !interleaved && params.kv_page_stride == 2 * block && params.v_offset == block;
+  const bool strides_known = params.kv_row_stride == (head_major ? kD : heads * kD) &&
+                             params.kv_head_stride == (interleaved ? 2 : 1) * head_extent &&
+                             params.kv_page_stride == (paired ? 2 : 1) * block;
+  // NHD: (d, head, slot), a paired cache's pages as 2 * page_size slots (K's rows, then V's);
+  // HND: (d, row, page * map_heads + head), a paired cache's pages as 2 * Hkv heads.
+  const int64_t map_heads = head_major && paired ? 2 * heads : heads;
   // TMA coordinates are 32-bit, and so is the slot the producer's key walk hands over: a cache of
-  // more slots or (HND) page-heads goes by cp.async (64-bit offsets).
+  // more slots or coordinates goes by cp.async (64-bit offsets).
   const int64_t slots = static_cast<int64_t>(params.num_pages) * page_size;
-  const int64_t outer = head_major ? params.num_pages * heads : slots;
+  const int64_t outer = head_major ? params.num_pages * map_heads : (paired ? 2 : 1) * slots;
   const char* keys = static_cast<const char*>(params.kv_cache);
-  const char* values = keys + params.v_offset * kElemBytes;  // interleaved: K's + head extent
+  const char* values = keys + params.v_offset * kElemBytes;
   if (rows % 8 != 0 || !tiles_fit || reinterpret_cast<uintptr_t>(keys) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(values) % 16 != 0 || params.num_pages <= 0 || slots > INT32_MAX ||
-      outer > INT32_MAX || encode == nullptr || !dense) {
+      outer > INT32_MAX || encode == nullptr || !strides_known) {
     return kv_map;
   }
   const cuuint32_t box_cols = kFp8 ? kD : 64;
-  // NHD: (d, head, slot); HND: (d, row, page * heads + head).
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
-                              static_cast<cuuint64_t>(head_major ? page_size : heads),
+  const int64_t middle = head_major ? page_size : heads;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(middle),
                               static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[2] = {
-      static_cast<cuuint64_t>(kD) * kElemBytes,
-      static_cast<cuuint64_t>(head_major ? page_size : heads) * kD * kElemBytes};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * kElemBytes,
+                                 static_cast<cuuint64_t>(middle) * kD * kElemBytes};
   const cuuint32_t box[3] = {box_cols, head_major ? static_cast<cuuint32_t>(rows) : 1,
                              head_major ? 1 : static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
@@ -141,15 +145,16 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
   CUresult result = make(&kv_map.map, keys);
-  if (interleaved) {
+  if (interleaved || paired) {
     kv_map.v_map = kv_map.map;
   } else if (result == CUDA_SUCCESS) {
     result = make(&kv_map.v_map, values);
   }
   kv_map.head_step = interleaved ? 2 : 1;
-  kv_map.v_head = interleaved ? 1 : 0;
+  kv_map.v_head = interleaved ? 1 : (paired && head_major ? static_cast<int>(heads) : 0);
   kv_map.head_major = head_major;
-  kv_map.heads = static_cast<int>(heads);
+  kv_map.heads = static_cast<int>(map_heads);
+  kv_map.pair_rows = paired && !head_major ? page_size : 0;
   kv_map.box_rows = result == CUDA_SUCCESS ? rows : 0;
   return kv_map;
 }

@@ -186,13 +186,15 @@ struct Sm90Item {
 // 128-byte swizzle, i.e. one page (or one tile of a larger page) of one 64-column block per copy,
 // landing as box_rows rows of 128 bytes in either layout:
 // - NHD (a page's rows back to back): the cache as a 3-D tensor (d, head, slot = page * page_size
-//   + row), a box 64 x 1 head x box_rows slots;
+//   + row), a box 64 x 1 head x box_rows slots. A paired cache (K's rows of a page, then V's:
+//   FlashInfer's [P, 2, page_size, Hkv, D]) has 2 * page_size slots per page, pair_rows apart;
 // - HND (a head's rows of a page back to back): (d, row, page * heads + head), a box 64 x
 //   box_rows rows x 1.
-// K of KV head h is combined head head_step * h of `map`, V head head_step * h + v_head of `v_map`:
-// an interleaved cache (2 Hkv combined heads) is both maps (2 h, 2 h + 1), K and V caches of their
-// own one map each (h, h). box_rows == 0: no tensor map (page size not a multiple of 8 that
-// divides or is divided by the tile, misaligned cache, no driver entry point), cp.async only.
+// K of KV head h is head head_step * h of `map`, V head head_step * h + v_head of `v_map`: an
+// interleaved cache is both maps (2 h, 2 h + 1), a paired HND cache both (h, Hkv + h), K and V
+// caches of their own one map each (h, h). box_rows == 0: no tensor map (page size not a multiple
+// of 8 that divides or is divided by the tile, misaligned cache, no driver entry point), cp.async
+// only.
 struct Sm90KvTensorMap {
   CUtensorMap map;
   CUtensorMap v_map;
@@ -200,7 +202,8 @@ struct Sm90KvTensorMap {
   int head_step;
   int v_head;
   bool head_major;  // HND
-  int heads;        // combined heads per page (HND's third coordinate is page * heads + head)
+  int heads;        // heads per page of `map` (HND's third coordinate is page * heads + head)
+  int pair_rows;    // NHD paired caches: page_size (V's slots follow K's), else 0
 
   __device__ __forceinline__ const CUtensorMap* Of(int which) const {
     return which == 0 ? &map : &v_map;
@@ -210,9 +213,10 @@ struct Sm90KvTensorMap {
   __device__ __forceinline__ int2 BoxAt(const PagedAttentionParams& p, int which, int kv_head,
                                         int slot) const {
     const int head = head_step * kv_head + (which == 0 ? 0 : v_head);
-    if (!head_major) return make_int2(head, slot);
-    if (slot < 0) return make_int2(0, -1);
+    if (slot < 0) return head_major ? make_int2(0, -1) : make_int2(head, slot);
+    if (!head_major && pair_rows == 0) return make_int2(head, slot);
     const int page = FastDiv(p.page_size_div, slot);
+    if (!head_major) return make_int2(head, slot + (page + which) * pair_rows);
     return make_int2(slot - page * p.page_size, page * heads + head);
   }
 };

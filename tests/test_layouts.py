@@ -118,18 +118,25 @@ def test_fp8_layouts_equal_the_interleaved_nhd_cache_on_cuda(batch, layout):
     assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
 
 
+# (head_dim, page_size): pages of 16 rows in a 128-key tile; 64-key tiles (D 256) in a 128-row page
+SM90_TILINGS = {"pages-in-a-tile": (64, 16), "tiles-in-a-page": (256, 128)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not is_hopper(), reason="needs sm_90")
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-@pytest.mark.parametrize("page_size", [16, 256], ids=["pages-in-a-tile", "tiles-in-a-page"])
+@pytest.mark.parametrize("tiling", list(SM90_TILINGS))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layouts_on_the_sm90_kernel_by_tensor_map(layout, page_size, cache):
+def test_layouts_on_the_sm90_kernel_by_tensor_map(layout, tiling, cache):
     """The sm_90a kernel reads whole tiles of each layout through its tensor maps (HND boxes of a
     head's rows, NHD boxes of a page's slots), pages smaller and larger than a tile, and gathers
     the rest by cp.async: the same values as the interleaved NHD cache's, bit for bit."""
     seed = fresh_seed()
+    head_dim, page_size = SM90_TILINGS[tiling]
     specs = ((300, 700), (129, 129), (1, 520))  # whole tiles, a ragged tail, a decode row
-    data = make_paged_inputs(specs, HQ, HKV, D, page_size, torch.bfloat16, seed, pad_tokens=2)
+    data = make_paged_inputs(
+        specs, HQ, HKV, head_dim, page_size, torch.bfloat16, seed, pad_tokens=2
+    )
     data = {n: data[n].cuda() for n in OPERANDS}
     scales = {}
     if cache == "fp8":
@@ -264,7 +271,7 @@ def test_mismatched_caches_name_value_cache():
     data = make_paged_inputs(MIXED, HQ, HKV, D, PAGE, torch.float32, 0)
     key_cache, value_cache = split(data["kv_cache"])
     keys = {**data, "kv_cache": key_cache}
-    with pytest.raises(ValueError, match=r"value_cache: shape .* differs from the K cache's"):
+    with pytest.raises(ValueError, match=r"value_cache: shape .* differs from kv_cache's"):
         attend(keys, value_cache=value_cache[:, :8])
     with pytest.raises(TypeError, match=r"value_cache: dtype float16 differs from kv_cache's"):
         attend(keys, value_cache=value_cache.half())

@@ -101,10 +101,7 @@ int32_t DescribeKvWrite(const char* op, KvRows rows, const Shape& slots, const S
     return Fail(XGO_INVALID_DTYPE, "%s: kv_cache: dtype %s is neither %s's %s nor float8_e4m3fn",
                 op, DtypeText(cache.dtype).c_str(), rows.key_name, DtypeText(key.dtype).c_str());
   }
-  if (apart && !rows.value->SameDims(key)) {
-    return Fail(XGO_INVALID_ARGUMENT, "%s: value: shape %s differs from key's %s", op,
-                rows.value->Text().c_str(), key.Text().c_str());
-  }
+  if (apart) XGO_RETURN_IF_FAILED(CheckSameDims(op, "value", *rows.value, "key", key));
   if (slots.dims[0] != key.dims[0]) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: slot_mapping: %lld entries, %s has %lld tokens", op,
                 static_cast<long long>(slots.dims[0]), rows.key_name,

@@ -75,6 +75,13 @@ int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
               DtypeText(shape.dtype).c_str(), other_name, DtypeText(other.dtype).c_str());
 }
 
+int32_t CheckSameDims(const char* op, const char* argument, const Shape& shape,
+                      const char* other_name, const Shape& other) {
+  if (shape.SameDims(other)) return XGO_OK;
+  return Fail(XGO_INVALID_ARGUMENT, "%s: %s: shape %s differs from %s's %s", op, argument,
+              shape.Text().c_str(), other_name, other.Text().c_str());
+}
+
 int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,
                     int64_t num_kv_heads) {
   if (scales.rank != 1 || scales.dtype != XGO_F32) {
@@ -121,12 +128,7 @@ int32_t DescribeKvCaches(const char* op, const Shape& kv_cache, const Shape& val
   if (separate) {
     XGO_RETURN_IF_FAILED(CheckRank(op, "value_cache", value_cache, 4));
     XGO_RETURN_IF_FAILED(CheckSameDtype(op, "value_cache", value_cache, "kv_cache", kv_cache));
-    if (!value_cache.SameDims(kv_cache)) {
-      return Fail(XGO_INVALID_ARGUMENT,
-                  "%s: value_cache: shape %s differs from the K cache's "
-                  "(kv_cache) %s",
-                  op, value_cache.Text().c_str(), kv_cache.Text().c_str());
-    }
+    XGO_RETURN_IF_FAILED(CheckSameDims(op, "value_cache", value_cache, "kv_cache", kv_cache));
   }
   for (int d = 0; d < kv_cache.rank; ++d) {
     if (kv_cache.dims[d] <= 0) {
@@ -152,17 +154,18 @@ int32_t DescribeKvCaches(const char* op, const Shape& kv_cache, const Shape& val
   l.page_size = kv_cache.dims[page_dim];
   l.num_kv_heads = interleaved ? heads / 2 : heads;
   l.head_dim = kv_cache.dims[kv_cache.rank - 1];
-  // One head's extent: a row of D (NHD) or a page of rows (HND); interleaved V is the next head.
-  const int64_t head_extent = head_major ? l.page_size * l.head_dim : l.head_dim;
-  // a page of one tensor's heads; every element offset of the cache must fit in int64
+  // A page of one tensor's heads (block): every element offset of the cache must fit in int64,
+  // and the row and head strides in the kernels' int32.
   int64_t rows = 0, block = 0, page = 0, elems = 0;
   if (__builtin_mul_overflow(heads, l.page_size, &rows) ||
       __builtin_mul_overflow(rows, l.head_dim, &block) ||
       __builtin_mul_overflow(block, paired ? 2 : 1, &page) ||
-      __builtin_mul_overflow(page, l.num_pages, &elems)) {
+      __builtin_mul_overflow(page, l.num_pages, &elems) || 2 * block > INT32_MAX) {
     return Fail(XGO_INVALID_ARGUMENT, "%s: kv_cache: shape %s is too large", op,
                 kv_cache.Text().c_str());
   }
+  // One head's extent: a row of D (NHD) or a page of rows (HND); interleaved V is the next head.
+  const int64_t head_extent = head_major ? l.page_size * l.head_dim : l.head_dim;
   l.row_stride = head_major ? l.head_dim : heads * l.head_dim;
   l.head_stride = interleaved ? 2 * head_extent : head_extent;
   l.page_stride = page;

@@ -91,6 +91,8 @@ int32_t CheckDtype(const char* op, const char* argument, const Shape& shape, Set
 }
 int32_t CheckSameDtype(const char* op, const char* argument, const Shape& shape,
                        const char* other_name, const Shape& other);
+int32_t CheckSameDims(const char* op, const char* argument, const Shape& shape,
+                      const char* other_name, const Shape& other);
 // A dequantisation-scale tensor (k_scales, v_scales): rank 1, float32, 0 entries (none), 1 (one
 // for every KV head) or num_kv_heads. Errors name `attribute`, how callers give it (k_scale).
 int32_t CheckScales(const char* op, const char* attribute, const Shape& scales,

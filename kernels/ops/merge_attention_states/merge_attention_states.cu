@@ -60,12 +60,7 @@ int32_t MergeAttentionStates::Describe(const OpCall<MergeAttentionStates>& call,
   XGO_RETURN_IF_FAILED(CheckDtype(kName, "out_a", out_a, ComputeDtypes{}));
   XGO_RETURN_IF_FAILED(CheckRank(kName, "out_b", out_b, 3));
   XGO_RETURN_IF_FAILED(CheckSameDtype(kName, "out_b", out_b, "out_a", out_a));
-  if (!out_b.SameDims(out_a)) {
-    return Fail(XGO_INVALID_ARGUMENT,
-                "merge_attention_states: out_b: shape %s differs from "
-                "out_a's %s",
-                out_b.Text().c_str(), out_a.Text().c_str());
-  }
+  XGO_RETURN_IF_FAILED(CheckSameDims(kName, "out_b", out_b, "out_a", out_a));
   for (const auto& [name, lse] :
        {std::make_pair("lse_a", &lse_a), std::make_pair("lse_b", &lse_b)}) {
     XGO_RETURN_IF_FAILED(CheckDtype(kName, name, *lse, DtypeSet<XGO_F32>{}));

@@ -47,10 +47,7 @@ int32_t SimpleAdd::Describe(const OpCall<SimpleAdd>& call, Config* config, XgoRe
   const Shape& b = call.operands[kB];
   XGO_RETURN_IF_FAILED(CheckDtype(kName, "a", a, ComputeDtypes{}));
   XGO_RETURN_IF_FAILED(CheckSameDtype(kName, "b", b, "a", a));
-  if (!b.SameDims(a)) {
-    return Fail(XGO_INVALID_ARGUMENT, "simple_add: b: shape %s differs from a's %s",
-                b.Text().c_str(), a.Text().c_str());
-  }
+  XGO_RETURN_IF_FAILED(CheckSameDims(kName, "b", b, "a", a));
   *config = Config{a.dtype, a.elements()};
   results->results[0] = ToXgoShape(a);
   return XGO_OK;

@@ -14,6 +14,8 @@ noise), and the fraction of its bytes floor at the read bandwidth measured first
   long     B1 from 4k to 128k keys, and B32 x 64k
   dtypes   the anchor in float16 and float32
   mixed    the benchmark's mixed batch, its decodes alone and its prefills alone
+  head_dims  the anchor at D 80, 96, 128, 192, 256 (80, 96 and 192 run the next kernel width,
+           padded in shared memory; the target: each at D 256's fraction of the floor or above)
 scales: k_scale / v_scale as per-KV-head float32 tensors against the same values as floats, on
 the decode, prefill and mixed anchors: both timed in alternation, twice; ratio = the slower
 tensor time / the slower float time, and the largest difference of the outputs (0: the same
@@ -37,7 +39,8 @@ under torch.compile (on a GPU), each timed twice on two input copies; the bytes 
 weight + write out at the copy bandwidth measured first (target: >= 0.85 of it at N x H >= 8k x
 4k), and each output's relative L2 error against F.rms_norm in float32.
 prefill [--cases SUBSTR] [--ours-only]: the causal prefill rows (B1 x 8k and B8 x 2k at D 64, 128,
-256) and the mixed batch on the sm_90a kernel and on the mma.sync one (each forced in turn by
+256; B8 x 2k at D 80, 96, 192) and the mixed batch on the sm_90a kernel and on the mma.sync one
+(each forced in turn by
 the library's test hook), and torch SDPA on contiguous K/V; each kernel's relative L2 error
 against a float32 reference on sampled rows. --ours-only: our op alone, with the library's own
 kernel choice (for an A/B of two builds).
@@ -70,6 +73,7 @@ from benchmarks.runners import BenchEnv, NotApplicable
 from benchmarks.timing import time_torch
 
 SAMPLES = 15
+PADDED_HEAD_DIMS = (80, 96, 192)  # run by the next kernel width (64, 128, 256), zero-padded
 LONG = ((1, 4096), (1, 16384), (1, 65536), (1, 131072), (32, 65536))  # (batch, keys)
 
 
@@ -129,6 +133,10 @@ def decode_groups() -> dict[str, list[tuple[Case, bool]]]:
         "long": [(decode_case(b, n, (32, 8)), False) for b, n in LONG],
         "dtypes": [(c, False) for c in dtypes],
         "mixed": [(mixed, False), *((c, False) for c in halves)],
+        "head_dims": [
+            (decode_case(32, 4096, (32, 8), head_dim=d), False)
+            for d in sorted((*PADDED_HEAD_DIMS, 128, 256))
+        ],
     }
 
 
@@ -225,6 +233,7 @@ def probe_prefill(pattern: str, ours_only: bool) -> int:
         flush=True,
     )
     cases = [prefill_case(b, n, d) for d in (128, 64, 256) for b, n in ((1, 8192), (8, 2048))]
+    cases += [prefill_case(8, 2048, d) for d in PADDED_HEAD_DIMS]
     cases = [c for c in (*cases, mixed_case()) if pattern in c.name]
     head = "ours" if ours_only else "sm90"
     lines = [

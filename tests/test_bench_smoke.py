@@ -1213,7 +1213,15 @@ def test_prefill_probe_checks_sampled_rows_against_float32():
     in_order = probes._copies(decode_case(2, 40, (4, 2), head_dim=64), in_order=True, device="cpu")
     assert in_order[0]["block_tables"].flatten().tolist() == list(range(6))
     assert in_order[1]["block_tables"] is in_order[0]["block_tables"]  # one page table
-    assert set(probes.decode_groups()) == {"rows", "layout", "context", "long", "dtypes", "mixed"}
+    assert set(probes.decode_groups()) == {
+        "rows",
+        "layout",
+        "context",
+        "long",
+        "dtypes",
+        "mixed",
+        "head_dims",
+    }
 
 
 def test_rms_norm_probe_rows_on_the_cpu(capsys):

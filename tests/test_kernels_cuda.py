@@ -95,8 +95,14 @@ def test_simple_add_rejects_cpu_and_mixed_dtypes():
 
 
 # ---------------------------------------------------------------------------- paged_attention
+# The kernels' widths (64, 128, 256) and head dims below them, each run by the next width with the
+# columns past head_dim read as zeros and not stored (80, 96: Phi, StableLM; 192: MLA-style
+# prefill; 160: a partial 64-column box and one wholly past head_dim; 32: below the narrowest).
+HEAD_DIMS = [32, 64, 80, 96, 128, 160, 192, 256]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_paged_attention_dtypes_head_dims(dtype, head_dim, kind):
     seed = fresh_seed()
@@ -575,7 +581,7 @@ def test_prefill_page_sizes(page_size):
     check_against_reference(inputs, torch.bfloat16, seed, scale=default_scale(128))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("sliding_window", [None, 3000])
 def test_prefill_kv_splits(head_dim, sliding_window):
     """A prefill-like batch with few blocks and long contexts: the launcher splits the key range
@@ -616,7 +622,7 @@ def test_prefill_window_soft_cap_and_scale(head_dim, sliding_window, soft_cap, s
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not is_hopper(), reason="needs sm_90")
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
 def test_sm90_and_mma_prefill_kernels_agree(head_dim, cache):
     """The same inputs through both prefill kernels: each matches the reference, and they agree
@@ -708,7 +714,7 @@ def with_fp8_cache(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_fp8_cache_dtypes_head_dims(dtype, head_dim, kind):
     seed = fresh_seed()
@@ -970,7 +976,7 @@ SINK_SPECS = {
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kind", list(SINK_SPECS))
 def test_sinks_every_path(kind, head_dim, dtype):
     seed = fresh_seed()

@@ -204,7 +204,7 @@ def test_simple_add_rejects_bad_input(a, b, error, argument):
 
 # ------------------------------------------------------------------------------------ host: correctness
 @pytest.mark.parametrize("gqa", [1, 4, 8])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_host_dtype_head_dim_gqa(dtype, head_dim, gqa):
     run_case(CPU, MIXED, dtype=dtype, head_dim=head_dim, num_q_heads=2 * gqa, pad_tokens=3)
@@ -340,8 +340,8 @@ STATIC_BAD_INPUTS = {
         TypeError,
         "num_seqs",
     ),
-    "head_dim_96": (
-        {"query": np.ones((9, 4, 96), np.float32), "kv_cache": np.ones((12, 8, 4, 96), np.float32)},
+    "head_dim_72": (
+        {"query": np.ones((9, 4, 72), np.float32), "kv_cache": np.ones((12, 8, 4, 72), np.float32)},
         {},
         ValueError,
         "query",
@@ -455,8 +455,8 @@ def test_host_handler_rejects_bad_metadata(mutate, argument):
 
 
 HANDLER_STATIC_CASES = {
-    "head_dim_96": (
-        {"query": np.ones((9, 4, 96), np.float32), "kv_cache": np.ones((12, 8, 4, 96), np.float32)},
+    "head_dim_72": (
+        {"query": np.ones((9, 4, 72), np.float32), "kv_cache": np.ones((12, 8, 4, 72), np.float32)},
         {},
         "query",
     ),
@@ -494,7 +494,7 @@ ABI_PARAMS = ["ffi", "legacy"]
 @pytest.mark.gpu
 @pytest.mark.parametrize("abi", ABI_PARAMS)
 @pytest.mark.parametrize("gqa", [1, 4, 8])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gpu_dtype_head_dim_gqa(dtype, head_dim, gqa, abi):
     run_case(

@@ -102,6 +102,21 @@ def test_layouts_equal_the_interleaved_nhd_cache(batch, layout, dtype, device):
     assert (lse[finite] - expected_lse[finite]).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.gpu])])
+@pytest.mark.parametrize("head_dim", [80, 96, 192])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts_at_head_dims_between_the_kernel_widths(layout, head_dim, device):
+    """Head dims the kernels run at the next width, zero-padded in shared memory: every layout's
+    strides follow head_dim, not the kernel's width."""
+    seed = fresh_seed()
+    data = make_paged_inputs(MIXED, HQ, HKV, head_dim, PAGE, torch.bfloat16, seed, pad_tokens=2)
+    data = {n: data[n].to(device) for n in OPERANDS}
+    expected = attend(data)
+    caches = in_layout(layout, data["kv_cache"])
+    out = attend({**data, "kv_cache": caches.pop("kv_cache")}, **caches)
+    assert rel_l2(out, expected) < 1e-6, f"seed {seed}"
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("layout", list(LAYOUTS))

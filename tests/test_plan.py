@@ -128,14 +128,14 @@ def test_plan_picks_the_path_for_the_device(shapes, expected):
 
 
 def test_plan_hook_runs_the_static_checks():
-    shapes = [(8, 4, 96), (4, 16, 2, 96), (2,), (2, 2), (3,), (1,), (0,), (0,), (0,), (0,)]
+    shapes = [(8, 4, 72), (4, 16, 2, 72), (2,), (2, 2), (3,), (1,), (0,), (0,), (0,), (0,)]
     call = _library.make_call(
         ops.PAGED_ATTENTION,
         shapes,
         ["bfloat16", "bfloat16", "int32", "int32", "int32", "int32"] + ["float32"] * 4,
         ops.PAGED_ATTENTION.encode_attrs(ATTRS),
     )
-    with pytest.raises(ValueError, match="head_dim"):
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16 up to 256"):
         plan(call, True)
 
 

@@ -111,14 +111,17 @@ __global__ void __launch_bounds__(kThreads)
   const float inv =
       softmax.Inverse(0, w.num_splits == 1 ? SinkTerm(p, head, softmax.max[0]) : 0.0f);
   const int64_t out_row = static_cast<int64_t>(token) * p.num_q_heads + head;
+  // columns j + 8 c of the row: the output's below head_dim, a split part's all (part_dim)
   if (w.num_splits == 1) {
-    float* dst = static_cast<float*>(p.out) + out_row * kD;
+    float* dst = static_cast<float*>(p.out) + out_row * p.head_dim;
 #pragma unroll
-    for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
+    for (int c = 0; c < kColsPerThread; ++c) {
+      if (j + 8 * c < p.head_dim) dst[j + 8 * c] = acc[c] * inv;
+    }
     if (j == 0) p.lse[out_row] = RowLse(p, head, softmax.max[0], softmax.sum[0]);
   } else {
     const int64_t split_row = PartRow(p, w, token, head);
-    float* dst = p.partial_out + split_row * kD;
+    float* dst = p.partial_out + split_row * kD;  // part_dim == kD
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) dst[j + 8 * c] = acc[c] * inv;
     if (j == 0) p.partial_state[split_row] = {softmax.max[0], softmax.sum[0]};

@@ -150,7 +150,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
     return LaunchPrefillSm90<T, KV>(plan, params, stream);
   }
   if constexpr (IsFp8<KV>) {
-    switch (params.head_dim) {
+    switch (KernelHeadDim(params.head_dim)) {
       case 64:
         if (!decode) XGO_LAUNCH_MMA(64, 4);
         XGO_LAUNCH_MMA(64, 1);
@@ -163,7 +163,7 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
     }
   } else {
     if (plan.path == AttentionPath::kPrefillMma) return LaunchPrefillMma<T>(plan, params, stream);
-    switch (params.head_dim) {
+    switch (KernelHeadDim(params.head_dim)) {
       case 64:
         XGO_LAUNCH_MMA(64, 1);
       case 128:
@@ -174,13 +174,13 @@ int32_t LaunchMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
     }
   }
 #undef XGO_LAUNCH_MMA
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: no kernel for head_dim %d",
               params.head_dim);
 }
 
 int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                   cudaStream_t stream) {
-  switch (params.head_dim) {
+  switch (KernelHeadDim(params.head_dim)) {
     case 64:
       return LaunchAttention(PagedAttentionFmaKernel<64>, FmaConfig<64>::kSmemBytes, plan, params,
                              stream);
@@ -191,7 +191,7 @@ int32_t LaunchFma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
       return LaunchAttention(PagedAttentionFmaKernel<256>, FmaConfig<256>::kSmemBytes, plan, params,
                              stream);
   }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: head_dim %d is not 64/128/256",
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: no kernel for head_dim %d",
               params.head_dim);
 }
 
@@ -347,6 +347,7 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.num_q_heads = static_cast<int>(c.num_q_heads);
   params.num_kv_heads = static_cast<int>(c.num_kv_heads);
   params.head_dim = static_cast<int>(c.head_dim);
+  params.part_dim = KernelHeadDim(c.head_dim);
   // block_tables are int32, so no page past INT32_MAX can be named anyway.
   params.num_pages = static_cast<int>(std::min<int64_t>(c.num_pages, INT32_MAX));
   params.page_size = static_cast<int>(c.page_size);

@@ -38,8 +38,8 @@ int32_t MakePrefillLaunch(const PagedAttentionPlan& plan, PagedAttentionParams& 
                           int block_rows, int64_t slots, int64_t persistent_slots,
                           PrefillLaunch* launch);
 
-// The prefill tiles of a kPrefillMma plan (head_dim 64 / 128) on the mma.sync prefill kernel
-// (prefill_mma.cu), and of a kPrefillSm90 plan (head_dim 64 / 128 / 256) on the wgmma kernel
+// The prefill tiles of a kPrefillMma plan (kernel width 64 / 128) on the mma.sync prefill kernel
+// (prefill_mma.cu), and of a kPrefillSm90 plan (width 64 / 128 / 256) on the wgmma kernel
 // (prefill_sm90.cu). T: __half or __nv_bfloat16; KV: the cache's element type (T, or
 // __nv_fp8_e4m3 on the wgmma kernel).
 template <typename T>

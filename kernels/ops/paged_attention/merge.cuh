@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, kMergeMinBlocks)
     for (int b = 0; b < kPartBatch; ++b) {
       const int z = group + kMergeGroups * (j0 + b);
       const float4* part = reinterpret_cast<const float4*>(
-          partial_out + (static_cast<int64_t>(z) * num_rows + row) * p.head_dim);
+          partial_out + (static_cast<int64_t>(z) * num_rows + row) * p.part_dim);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         const int v = lane + 32 * k;

@@ -14,10 +14,6 @@ namespace {
 constexpr const char* kOp = "paged_attention";
 constexpr int64_t kMaxPageSize = 128;
 
-bool IsSupportedHeadDim(int64_t head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
-
 int32_t Invalid(const char* argument, const char* what, long long value) {
   return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: %s, got %lld", argument, what, value);
 }
@@ -126,7 +122,9 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   if (c.num_tokens < 0) return Invalid("query", "num_tokens must be >= 0", c.num_tokens);
   if (c.num_q_heads <= 0) return Invalid("query", "num_q_heads must be positive", c.num_q_heads);
   if (!IsSupportedHeadDim(c.head_dim)) {
-    return Invalid("query", "head_dim must be 64, 128 or 256", c.head_dim);
+    return Invalid("query",
+                   "head_dim must be a multiple of 16 up to 256 (64, 80, 96, 128, 192, 256, ...)",
+                   c.head_dim);
   }
   if (c.num_q_heads % c.num_kv_heads != 0) {
     return Fail(XGO_INVALID_ARGUMENT,

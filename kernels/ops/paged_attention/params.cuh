@@ -56,7 +56,11 @@ struct PagedAttentionParams {
   int k_scale_stride, v_scale_stride;
   int32_t* flags;            // workspace words [0, state_offset)
   PartState* partial_state;  // [splits, T, Hq]
-  float* partial_out;        // [splits, T, Hq, D]
+  float* partial_out;        // [splits, T, Hq, part_dim]
+  // Row length of partial_out and short_out: the kernel's width (KernelHeadDim), so the kernels
+  // that store a split's rows from their accumulators store them whole, padded columns included,
+  // without a test; the merge reads head_dim of each.
+  int part_dim;
   int num_tokens, num_q_heads, num_kv_heads, head_dim, num_pages, page_size, max_num_seqs,
       pages_per_seq;
   int group_size, heads_per_block, tokens_per_tile, num_splits, page_check_chunks;
@@ -66,7 +70,7 @@ struct PagedAttentionParams {
   // Short sequences of a prefill-like batch (PagedAttentionPlan::short_splits): q_len <=
   // short_tokens; short_splits 0 when there is no short region.
   PartState* short_state;  // [short_splits, S, short_tokens, Hq]
-  float* short_out;        // [short_splits, S, short_tokens, Hq, D]
+  float* short_out;        // [short_splits, S, short_tokens, Hq, part_dim]
   int* short_order;        // [S]: written by the prep kernel
   int short_tokens, short_splits;
   // Decode kernel grid: (head blocks, q tiles, splits) when set, else (q tiles, head blocks,

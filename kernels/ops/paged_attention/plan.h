@@ -45,11 +45,12 @@ struct PagedAttentionConfig {
 //                                     entries (C chunks): 1 if that part of its metadata is sound
 //   state [splits, T, Hq] (PartState) per-split softmax state: maximum and sum, two floats
 //                                     (only when splits > 1)
-//   out   [splits, T, Hq, D]          per-split normalised output (only when splits > 1)
+//   out   [splits, T, Hq, Dk]         per-split normalised output (only when splits > 1); Dk =
+//                                     KernelHeadDim(D), the rows padded as the kernels hold them
 //   short order [S] (int32)           sequence slots by rank, longest short sequence first
 //                                     (only with a short region)
 //   short state [short_splits, S, short_tokens, Hq]   the same as state / out, for the short
-//   short out [short_splits, S, short_tokens, Hq, D]  sequences (only when > 1 split)
+//   short out [short_splits, S, short_tokens, Hq, Dk] sequences (only when > 1 split)
 constexpr int64_t kFlagsHeader = 32;
 constexpr int64_t kWorkCounterWord = 1;
 
@@ -72,7 +73,7 @@ enum class AttentionPath {
   kDecodeMma = 1,    // f16/bf16, decode-like: self-checking mma.sync kernel -> fill or merge
   kPrefillMma = 2,   // f16/bf16, prefill-like, head_dim <= 128: prep -> prefill kernel (+ short
                      // region) -> merges
-  kRowsMma = 3,      // f16/bf16, prefill-like, head_dim 256 or an fp8 cache: prep -> 64-row
+  kRowsMma = 3,      // f16/bf16, prefill-like, head_dim > 128 or an fp8 cache: prep -> 64-row
                      // mma.sync kernel -> merge
   kPrefillSm90 = 4,  // f16/bf16 (16-bit or fp8 cache), prefill-like, a Hopper device with sm_90a
                      // code: prep -> wgmma kernel (+ short region) -> merges
@@ -118,6 +119,19 @@ struct PagedAttentionPlan {
 
 inline int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Head dims: any multiple of kHeadDimStep up to kMaxHeadDim. The kernels are compiled for 64, 128
+// and 256 (KernelHeadDim: the smallest that holds head_dim); a call in between runs that kernel
+// with Q, K and V read as zeros past head_dim (in shared memory only: no extra bytes move) and
+// only head_dim columns stored.
+constexpr int64_t kHeadDimStep = 16;  // an fp8 16-byte chunk: every load is whole chunks
+constexpr int64_t kMaxHeadDim = 256;
+inline bool IsSupportedHeadDim(int64_t head_dim) {
+  return head_dim > 0 && head_dim <= kMaxHeadDim && head_dim % kHeadDimStep == 0;
+}
+inline int KernelHeadDim(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : (head_dim <= 128 ? 128 : 256);
+}
+
 // Prefill tiles of a prefill-like f16/bf16 plan go to the sm_90a kernel where the device runs it,
 // unless forced onto mma.sync. With a 16-bit cache, plans with a short region stay on the mma.sync
 // kernel, whose 128-thread blocks share an SM with the short blocks, unless they are mostly
@@ -129,7 +143,6 @@ inline bool UsesSm90Prefill(const PagedAttentionConfig& c, const PagedAttentionP
                             const PlanDevice& device) {
   if (p.path != AttentionPath::kPrefillMma && p.path != AttentionPath::kRowsMma) return false;
   if (!device.sm90_prefill) return false;
-  if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) return false;
   switch (device.prefill_kernel) {
     case PrefillKernelChoice::kMmaSync:
       return false;
@@ -199,7 +212,7 @@ inline PagedAttentionPlan PlanShapes(const PagedAttentionConfig& c) {
     const int64_t rows = splits * c.num_tokens * c.num_q_heads;
     // 16-byte aligned float4 rows
     p.out_offset = p.state_offset + RoundUp(rows * kPartStateFloats, 4);
-    elems = p.out_offset + rows * c.head_dim;
+    elems = p.out_offset + rows * KernelHeadDim(c.head_dim);
   } else {
     p.out_offset = p.state_offset;
   }
@@ -226,7 +239,7 @@ inline PagedAttentionPlan PlanShapes(const PagedAttentionConfig& c) {
       const int64_t rows = short_splits * c.max_num_seqs * p.short_tokens * c.num_q_heads;
       p.short_state_offset = RoundUp(elems, 4);
       p.short_out_offset = p.short_state_offset + RoundUp(rows * kPartStateFloats, 4);
-      elems = p.short_out_offset + rows * c.head_dim;
+      elems = p.short_out_offset + rows * KernelHeadDim(c.head_dim);
     }
   }
   p.workspace_elems = elems;

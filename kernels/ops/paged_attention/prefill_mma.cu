@@ -48,13 +48,13 @@ int32_t LaunchPrefillKernel(const PagedAttentionPlan& plan, PagedAttentionParams
 template <typename T>
 int32_t LaunchPrefillMma(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                          cudaStream_t stream) {
-  switch (params.head_dim) {
+  switch (KernelHeadDim(params.head_dim)) {
     case 64:
       return LaunchPrefillKernel<T, 64>(plan, params, stream);
     case 128:
       return LaunchPrefillKernel<T, 128>(plan, params, stream);
   }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128",
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: no prefill kernel for head_dim %d",
               params.head_dim);
 }
 

@@ -1,6 +1,7 @@
 // paged_attention: the mma.sync prefill kernel (the plan's kPrefillMma path): f16/bf16
-// prefill-like batches, head_dim 64 and 128, sm_80 and up. Same semantics, tiles, workspace and
-// split protocol as PagedAttentionMmaKernel (decode.cuh); what differs is the tile shape:
+// prefill-like batches, kernel widths 64 and 128 (head_dim up to 128), sm_80 and up. Same
+// semantics, tiles, workspace and split protocol as PagedAttentionMmaKernel (decode.cuh); what
+// differs is the tile shape:
 //   128 query rows per block, 4 warps x 32 rows (two m16 tiles per warp), so every K/V fragment a
 //   warp loads from shared memory feeds four MMAs instead of two (ldmatrix : MMA 1 : 2.7 with the
 //   Q reloads, against 1 : 2 in the 64-row kernel, which ncu showed latency-bound at 0.40
@@ -294,11 +295,12 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
         const int r = warp_row0 + c / kChunksPerRow;
         if (r >= w.rows) break;  // rows ascend with c
         const int col = (c % kChunksPerRow) * kChunk;
+        if (col >= p.head_dim) continue;  // a padded column
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
         const uint4 staged = *reinterpret_cast<const uint4*>(s_q + TileOffset<T, kD, kLds>(r, col));
-        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
-                                  col) = staged;
+        *reinterpret_cast<uint4*>(
+            out + (static_cast<int64_t>(token) * p.num_q_heads + head) * p.head_dim + col) = staged;
       }
     } else {
 #pragma unroll
@@ -310,7 +312,7 @@ __device__ __forceinline__ void PrefillBlock(const PagedAttentionParams& p, cons
           const int token = w.tok0 + r / p.heads_per_block;
           const int head = w.head0 + r % p.heads_per_block;
           const int64_t split_row = PartRow(p, w, token, head);
-          float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);
+          float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);  // part_dim == kD
 #pragma unroll
           for (int i = 0; i < kOutTiles; ++i) {
             *reinterpret_cast<float2*>(dst + i * 8) =

@@ -104,14 +104,16 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   const int rows = std::min(page_size, kN);
   const bool tiles_fit = page_size > 0 && (kN % page_size == 0 || page_size % kN == 0);
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  // The tensor's d extent: head_dim, which may be below kD (a box's columns past it read zeros).
+  const int64_t d = params.head_dim;
   const bool head_major = params.kv_head_stride > params.kv_row_stride;
-  const int64_t head_extent = head_major ? static_cast<int64_t>(page_size) * kD : kD;
+  const int64_t head_extent = head_major ? page_size * d : d;
   const bool interleaved = params.kv_head_stride == 2 * head_extent;
   const int64_t heads = interleaved ? 2 * params.num_kv_heads : params.num_kv_heads;
-  const int64_t block = heads * page_size * kD;  // a page of one tensor's heads
+  const int64_t block = heads * page_size * d;  // a page of one tensor's heads
   const bool paired =
       !interleaved && params.kv_page_stride == 2 * block && params.v_offset == block;
-  const bool strides_known = params.kv_row_stride == (head_major ? kD : heads * kD) &&
+  const bool strides_known = params.kv_row_stride == (head_major ? d : heads * d) &&
                              params.kv_head_stride == (interleaved ? 2 : 1) * head_extent &&
                              params.kv_page_stride == (paired ? 2 : 1) * block;
   // NHD: (d, head, slot), a paired cache's pages as 2 * page_size slots (K's rows, then V's);
@@ -130,10 +132,10 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
   }
   const cuuint32_t box_cols = kFp8 ? kD : 64;
   const int64_t middle = head_major ? page_size : heads;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD), static_cast<cuuint64_t>(middle),
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(middle),
                               static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * kElemBytes,
-                                 static_cast<cuuint64_t>(middle) * kD * kElemBytes};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * kElemBytes,
+                                 static_cast<cuuint64_t>(middle * d) * kElemBytes};
   const cuuint32_t box[3] = {box_cols, head_major ? static_cast<cuuint32_t>(rows) : 1,
                              head_major ? 1 : static_cast<cuuint32_t>(rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
@@ -163,7 +165,6 @@ Sm90KvTensorMap MakeSm90KvTensorMap(const PagedAttentionParams& params) {
 // block's rows, the output in boxes of a warp's 16 rows. Each left with 0 box tokens (the threads
 // copy) where the tensor is not 16-byte aligned, a box dimension would pass 256, the heads of a
 // block do not divide 16 (output) or the driver refuses.
-template <int kD>
 Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
   Sm90RowTensorMaps maps{};
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
@@ -173,11 +174,13 @@ Sm90RowTensorMaps MakeSm90RowTensorMaps(const PagedAttentionParams& params) {
       tokens > 256) {
     return maps;
   }
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kD),
+  // [T, Hq, head_dim]: boxes of 64 columns, those past head_dim read as zeros (Q) or clipped
+  const int64_t d = params.head_dim;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d),
                               static_cast<cuuint64_t>(params.num_q_heads),
                               static_cast<cuuint64_t>(params.num_tokens)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(kD) * 2,
-                                 static_cast<cuuint64_t>(params.num_q_heads) * kD * 2};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 2,
+                                 static_cast<cuuint64_t>(params.num_q_heads * d) * 2};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   auto make = [&](CUtensorMap* map, const void* tensor, int box_tokens) {
     if (reinterpret_cast<uintptr_t>(tensor) % 16 != 0) return 0;
@@ -220,7 +223,7 @@ int32_t LaunchSm90PrefillKernel(const PagedAttentionPlan& plan, PagedAttentionPa
   }
   kernel<<<launch.blocks, Cfg::kThreads, smem, stream>>>(params, launch.grid,
                                                          MakeSm90KvTensorMap<kD, IsFp8<KV>>(params),
-                                                         MakeSm90RowTensorMaps<kD>(params));
+                                                         MakeSm90RowTensorMaps(params));
   XGO_CUDA_CHECK(cudaGetLastError());
   return XGO_OK;
 }
@@ -242,7 +245,7 @@ int32_t Sm90PrefillAvailable(bool* available) {
 template <typename T, typename KV>
 int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& params,
                           cudaStream_t stream) {
-  switch (params.head_dim) {
+  switch (KernelHeadDim(params.head_dim)) {
     case 64:
       return LaunchSm90PrefillKernel<T, KV, 64>(plan, params, stream);
     case 128:
@@ -250,7 +253,7 @@ int32_t LaunchPrefillSm90(const PagedAttentionPlan& plan, PagedAttentionParams& 
     case 256:
       return LaunchSm90PrefillKernel<T, KV, 256>(plan, params, stream);
   }
-  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: prefill head_dim %d is not 64/128/256",
+  return Fail(XGO_INVALID_ARGUMENT, "paged_attention: query: no prefill kernel for head_dim %d",
               params.head_dim);
 }
 

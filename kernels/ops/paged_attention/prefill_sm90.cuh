@@ -280,16 +280,18 @@ __device__ __forceinline__ int UniformMod(int x) {
 // ---------------------------------------------------------------- producer warpgroup
 // Copies rows [row0, row0 + kRowsPerPass, ...) of one K or V tile, 16-byte chunk `chunk` of each:
 // the row's cache offset (elements, -1: zero-fill) comes from the key table the producer
-// warpgroup built for this tile.
+// warpgroup built for this tile. Chunks past head_dim are zero-filled.
 template <typename T, int kD>
 __device__ __forceinline__ void Sm90IssueKvTile(const T* kv_head, const int64_t* slots,
-                                                unsigned char* tile, int row0, int chunk) {
+                                                unsigned char* tile, int row0, int chunk,
+                                                int head_dim) {
   using Cfg = Sm90PrefillConfig<kD>;
+  const bool real_chunk = chunk * 8 < head_dim;
 #pragma unroll
   for (int i = 0; i < Cfg::kBlockN / Cfg::kRowsPerPass; ++i) {
     const int r = row0 + i * Cfg::kRowsPerPass;
     const int64_t offset = slots[r];
-    const bool valid = offset >= 0;
+    const bool valid = offset >= 0 && real_chunk;
     const T* src = valid ? kv_head + offset + chunk * 8 : kv_head;
     CpAsync16(tile + SwizzledOffset<Cfg::kBlockN>(r, chunk), src, valid ? 16 : 0);
   }
@@ -317,14 +319,15 @@ __device__ __forceinline__ void Sm90IssueKvBoxes(const PagedAttentionParams& p,
 // r kD) by cp.async, from the key table's cache offsets (-1: zero-fill).
 template <int kD>
 __device__ __forceinline__ void Sm90IssueStagingTile(const uint8_t* kv_head, const int64_t* slots,
-                                                     unsigned char* staging, int t) {
+                                                     unsigned char* staging, int t, int head_dim) {
   using Cfg = Sm90PrefillConfig<kD, true>;
   const int chunk = t % Cfg::kStagingChunksPerRow;
+  const bool real_chunk = chunk * 16 < head_dim;  // zeros past head_dim
 #pragma unroll
   for (int i = 0; i < Cfg::kBlockN / Cfg::kStagingRowsPerPass; ++i) {
     const int r = t / Cfg::kStagingChunksPerRow + i * Cfg::kStagingRowsPerPass;
     const int64_t offset = slots[r];
-    const bool valid = offset >= 0;
+    const bool valid = offset >= 0 && real_chunk;
     const uint8_t* src = valid ? kv_head + offset + chunk * 16 : kv_head;
     CpAsync16(staging + r * kD + chunk * 16, src, valid ? 16 : 0);
   }
@@ -400,12 +403,12 @@ __device__ __forceinline__ void Sm90ProducerQ(const PagedAttentionParams& p,
     const T* q = static_cast<const T*>(p.query);
 #pragma unroll 4
     for (int r = t / Cfg::kChunksPerRow; r < Cfg::kBlockRows; r += Cfg::kRowsPerPass) {
-      const bool valid = r < w.rows;
+      const bool valid = r < w.rows && chunk * 8 < p.head_dim;  // zeros past head_dim
       const T* src = q;
       if (valid) {
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
-        src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + chunk * 8;
+        src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * p.head_dim + chunk * 8;
       }
       CpAsync16(q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk), src, valid ? 16 : 0);
     }
@@ -502,7 +505,8 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
       }
     } else {
       Sm90IssueKvTile<T, kD>(k_head + p.v_offset, slots + (prev % Cfg::kSlotBuffers) * kN,
-                             smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk);
+                             smem + Cfg::kVOffset + stage * Cfg::kTileBytes, row0, chunk,
+                             p.head_dim);
     }
     CpAsyncArriveNoInc(bars.VFull(stage));
   };
@@ -524,7 +528,7 @@ __device__ __forceinline__ void Sm90ProducerItem(const PagedAttentionParams& p,
       }
     } else {
       Sm90IssueKvTile<T, kD>(k_head, table_now, smem + Cfg::kKOffset + stage * Cfg::kTileBytes,
-                             row0, chunk);
+                             row0, chunk, p.head_dim);
     }
     CpAsyncArriveNoInc(bars.KFull(stage));
     if (Cfg::kQAfterFirstK && step == 0) issue_q();
@@ -586,7 +590,7 @@ __device__ __forceinline__ void Sm90ProducerItemFp8(
       }
     } else {
       Sm90IssueStagingTile<kD>(k_head + which * p.v_offset, slots + (tile % Cfg::kSlotBuffers) * kN,
-                               buffer, t);
+                               buffer, t, p.head_dim);
     }
     CpAsyncArriveNoInc(full);
   };
@@ -982,6 +986,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(
         const uint32_t staged = SharedAddress(q_buffer) + row_base * 128;
 #pragma unroll
         for (int cb = 0; cb < kD / 64; ++cb) {
+          if (cb * 64 >= p.head_dim) break;  // padded columns (a box past them would be clipped)
           TmaStore3d(&row_maps.out, cb * 64, w.head0, w.tok0 + row_base / p.heads_per_block,
                      staged + cb * (Cfg::kBlockRows * 128));
         }
@@ -994,12 +999,14 @@ __device__ __forceinline__ void Sm90ConsumerItem(
         const int r = row_base + i / Cfg::kChunksPerRow;
         if (r >= w.rows) break;  // rows ascend with i
         const int chunk = i % Cfg::kChunksPerRow;
+        if (chunk * 8 >= p.head_dim) continue;  // a padded column
         const int token = w.tok0 + r / p.heads_per_block;
         const int head = w.head0 + r % p.heads_per_block;
         const uint4 staged =
             *reinterpret_cast<const uint4*>(q_buffer + SwizzledOffset<Cfg::kBlockRows>(r, chunk));
-        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD +
-                                  chunk * 8) = staged;
+        *reinterpret_cast<uint4*>(
+            out + (static_cast<int64_t>(token) * p.num_q_heads + head) * p.head_dim + chunk * 8) =
+            staged;
       }
     }
   } else {
@@ -1010,7 +1017,7 @@ __device__ __forceinline__ void Sm90ConsumerItem(
       const int token = w.tok0 + r / p.heads_per_block;
       const int head = w.head0 + r % p.heads_per_block;
       const int64_t split_row = PartRow(p, w, token, head);
-      float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);
+      float* dst = p.partial_out + split_row * kD + 2 * (lane % 4);  // part_dim == kD
 #pragma unroll
       for (int j = 0; j < C::kO / 4; ++j) {
         *reinterpret_cast<float2*>(dst + 8 * j) =

@@ -252,6 +252,7 @@ __device__ __forceinline__ int64_t PartRow(const PagedAttentionParams& p, const 
 template <typename T>
 __device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, const TileWork& w,
                                           int token, int head, int d, float4 v) {
+  if (d >= p.head_dim) return;  // a padded column (head_dim below the kernel's)
   if (w.num_splits == 1) {
     const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
     T* dst = static_cast<T*>(p.out) + row * p.head_dim + d;
@@ -261,7 +262,7 @@ __device__ __forceinline__ void StoreRow4(const PagedAttentionParams& p, const T
     dst[3] = FromFloat<T>(v.w);
   } else {
     float* parts = w.by_sequence ? p.short_out : p.partial_out;
-    *reinterpret_cast<float4*>(parts + PartRow(p, w, token, head) * p.head_dim + d) = v;
+    *reinterpret_cast<float4*>(parts + PartRow(p, w, token, head) * p.part_dim + d) = v;
   }
 }
 
@@ -448,6 +449,7 @@ struct KvTileLoader {
     const int row_stride = p.kv_row_stride;
     const int key_local0 = static_cast<int>(threadIdx.x) / kChunksPerRow;
     const int col = (static_cast<int>(threadIdx.x) % kChunksPerRow) * kChunk;
+    const bool real_col = col < p.head_dim;  // zeros past head_dim
     const int64_t head_offset = static_cast<int64_t>(w.kv_head) * p.kv_head_stride + col;
     const T* k_head = kv + head_offset;
 #pragma unroll
@@ -456,7 +458,7 @@ struct KvTileLoader {
       const int key = key0 + key_local;
       const bool in_range = pages[i] >= 0 && pages[i] < p.num_pages;
       bad_page |= key < key_end && !in_range;
-      const bool valid = key < key_end && in_range;  // never read outside the cache
+      const bool valid = key < key_end && in_range && real_col;  // never read outside the cache
       const int in_page = key - FastDiv(p.page_size_div, key) * p.page_size;
       const int64_t at =
           static_cast<int64_t>(pages[i]) * page_stride + static_cast<int64_t>(in_page) * row_stride;
@@ -600,12 +602,12 @@ __device__ __forceinline__ void LoadQTile(const PagedAttentionParams& p, const T
   for (int c = threadIdx.x; c < kBlockRows * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow;
     const int col = (c % kChunksPerRow) * kChunk;
-    const bool valid = r < w.rows;
+    const bool valid = r < w.rows && col < p.head_dim;  // zeros past head_dim
     const T* src = q;
     if (valid) {
       const int token = w.tok0 + r / p.heads_per_block;
       const int head = w.head0 + r % p.heads_per_block;
-      src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * kD + col;
+      src = q + (static_cast<int64_t>(token) * p.num_q_heads + head) * p.head_dim + col;
     }
     CpAsync16(s_q + TileOffset<T, kD, kLds>(r, col), src, valid ? 16 : 0);
   }

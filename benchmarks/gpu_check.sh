@@ -6,8 +6,9 @@
 # STEP: tests (the whole suite, default), kernels (the CUDA kernel and sinks tests), frontends
 # (torchax and JAX tests), examples (the example in every mode this host has), serving
 # (transformers' continuous batching on our ops beside its own, bf16, 32 requests: tok/s and the
-# steps whose token eager attention also picks from the same history), sanitizer (compute-sanitizer memcheck and racecheck on a
-# reduced kernel selection), timing (`python -m benchmarks probe decode`).
+# steps whose token eager attention also picks from the same history), sanitizer
+# (compute-sanitizer memcheck and racecheck on a reduced kernel selection), timing (`python -m
+# benchmarks probe decode`).
 # Needs python3 with torch, jax (CUDA) and pytest; the library (`nox -s build`, or --library).
 # --wheels DIR (default .whl): every *.whl there (e.g. torchax) is installed without dependencies
 # into a temporary directory. DIR (default artifacts/gpu-check/<UTC time>) receives one log per
@@ -19,7 +20,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift ;;
     --wheels) wheels=$2; shift ;;
     --library) library=$2; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1") ;;
   esac

@@ -29,11 +29,11 @@ sinks: our op with attention sinks against the same call without, on the anchor 
 B32 x 4k, B1 x 64k; prefill B8 x 2k, B1 x 8k; the mixed batch) and gpt-oss-shaped ones (Hq 64 /
 Hkv 8, D 64, sliding window 128 and full): each pair timed in alternation, twice, with the ratio
 (the target: <= 1.03) and the relative L2 error of the sinks output against a float32 reference.
-layouts: separate K and V caches (vLLM's `cache.unbind(0)` views of [2, P, page, Hkv, D]) and the
-same in HND order (kv_layout="HND") against the interleaved cache with the same values, on
-README's decode and prefill rows, the mixed batch and gpt-oss's decode: timed in alternation,
-twice; ratio = the slower time of the layout / the slower interleaved time (target <= 1.03), and
-the largest difference of the outputs.
+layouts: separate K and V caches (vLLM's `cache.unbind(0)` views of [2, P, page, Hkv, D]) and K
+and V in one [P, 2, ...] tensor (FlashInfer's), each in NHD and HND order, against the interleaved
+cache with the same values, on README's decode and prefill rows, the mixed batch and gpt-oss's
+decode: timed in alternation, twice; ratio = the slower time of the layout / the slower
+interleaved time (target <= 1.03), and the largest difference of the outputs.
 rms_norm [--shapes NxH ...]: our rms_norm (bf16) beside torch.nn.functional.rms_norm eager and
 under torch.compile (on a GPU), each timed twice on two input copies; the bytes floor is read x and
 weight + write out at the copy bandwidth measured first (target: >= 0.85 of it at N x H >= 8k x
@@ -469,51 +469,68 @@ def split_cache(kv_cache):
     return torch.stack((kv_cache[:, :, 0::2], kv_cache[:, :, 1::2])).unbind(0)
 
 
-def probe_layouts() -> None:
-    """Separate K and V caches (vLLM's `cache.unbind(0)` views, NHD) and the same caches in HND
-    order against the interleaved cache holding the same values: timed in alternation, twice;
-    ratio = the slower time of the layout / the slower interleaved time (target <= 1.03), and the
-    largest difference of the outputs."""
+def layout_variants() -> dict:
+    """name -> (K cache, V cache [P, page, Hkv, D]) -> the call's cache keyword arguments: K and V
+    apart (NHD, HND) and in one [P, 2, ...] tensor (FlashInfer's; NHD, HND)."""
     import torch
 
+    def hnd(cache):
+        return cache.transpose(1, 2).contiguous()
+
+    return {
+        "two": lambda k, v: {"kv_cache": k, "value_cache": v, "kv_layout": "NHD"},
+        "two-HND": lambda k, v: {"kv_cache": hnd(k), "value_cache": hnd(v), "kv_layout": "HND"},
+        "one5": lambda k, v: {"kv_cache": torch.stack([k, v], dim=1), "kv_layout": "NHD"},
+        "one5-HND": lambda k, v: {
+            "kv_cache": torch.stack([hnd(k), hnd(v)], dim=1),
+            "kv_layout": "HND",
+        },
+    }
+
+
+def layout_calls(case: Case, copies: list[dict], variants: dict) -> list[list]:
+    """Per copy, our op's call on the interleaved cache, then on each variant's caches holding the
+    same values: [interleaved calls, variant calls, ...]."""
+    order = [_calls(case, copies)]
+    for make in variants.values():
+        calls = []
+        for c in copies:
+            caches = make(*split_cache(c["kv_cache"]))
+            operands = [caches.pop("kv_cache") if n == "kv_cache" else c[n] for n in OPERANDS]
+            calls.append(
+                functools.partial(
+                    ours.op_paged_attention, *operands, scale=scale_of(case), **caches
+                )
+            )
+        order.append(calls)
+    return order
+
+
+def probe_layouts() -> None:
+    """Each layout_variants() cache against the interleaved cache holding the same values: timed
+    in alternation, twice; ratio = the slower time of the layout / the slower interleaved time
+    (target <= 1.03), and the largest difference of any layout's output from the interleaved
+    one's."""
+    import torch
+
+    variants = layout_variants()
     print(f"library {ours.library_path()}; {torch.cuda.get_device_name()}", flush=True)
     print(
-        f"{'case':52s} {'one µs':>9s} {'two µs':>9s} {'HND µs':>9s} {'again':>9s} {'again':>9s} "
-        f"{'again':>9s}  two/one  HND/one  max |diff|",
+        f"| case | interleaved µs | {' | '.join(f'{n} µs | {n} / one' for n in variants)} | "
+        "max diff |",
         flush=True,
     )
     for case in layouts_rows():
         copies = _copies(case)
-        interleaved = _calls(case, copies)
-        layouts: dict[str, list] = {"NHD": [], "HND": []}
-        for c in copies:
-            keys, values = split_cache(c["kv_cache"])
-            for layout, (k, v) in (
-                ("NHD", (keys, values)),
-                ("HND", (keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous())),
-            ):
-                operands = [k if n == "kv_cache" else c[n] for n in OPERANDS]
-                layouts[layout].append(
-                    functools.partial(
-                        ours.op_paged_attention,
-                        *operands,
-                        scale=scale_of(case),
-                        value_cache=v,
-                        kv_layout=layout,
-                    )
-                )
-        order = (interleaved, layouts["NHD"], layouts["HND"])
-        times = [_us(calls) for calls in (*order, *order)]
-        one = max(times[0], times[3])
-        two, hnd = max(times[1], times[4]) / one, max(times[2], times[5]) / one
-        want = interleaved[0]().float()
+        order = layout_calls(case, copies, variants)
+        first = [_us(calls) for calls in order]
+        again = [_us(calls) for calls in order]
+        slower = [max(a, b) for a, b in zip(first, again, strict=True)]
+        want = order[0][0]().float()
         diff = max((calls[0]().float() - want).abs().max().item() for calls in order[1:])
-        print(
-            f"{case.name:52s} {times[0]:9.1f} {times[1]:9.1f} {times[2]:9.1f} {times[3]:9.1f} "
-            f"{times[4]:9.1f} {times[5]:9.1f}  {two:7.3f}  {hnd:7.3f}  {diff:.1e}",
-            flush=True,
-        )
-        del copies, interleaved, layouts, order
+        cells = " | ".join(f"{t:.1f} | {t / slower[0]:.3f}" for t in slower[1:])
+        print(f"| {case.name} | {slower[0]:.1f} | {cells} | {diff:.1e} |", flush=True)
+        del copies, order
         torch.cuda.empty_cache()
 
 

@@ -1224,6 +1224,22 @@ def test_prefill_probe_checks_sampled_rows_against_float32():
     }
 
 
+def test_layouts_probe_calls_give_the_interleaved_output_on_the_cpu():
+    """Structure and values, not speed: each layout the probe times holds the interleaved cache's
+    values, so its output equals the interleaved call's."""
+    from benchmarks import probes
+
+    case = decode_case(2, 40, (4, 2), head_dim=64)
+    copies = probes._copies(case, device="cpu")
+    variants = probes.layout_variants()
+    order = probes.layout_calls(case, copies, variants)
+    assert len(order) == 1 + len(variants)
+    assert all(len(calls) == 2 for calls in order)
+    want = order[0][0]()
+    for name, calls in zip(variants, order[1:], strict=True):
+        assert torch.equal(calls[0](), want), name
+
+
 def test_rms_norm_probe_rows_on_the_cpu(capsys):
     """Structure and accuracy, not speed: every implementation gets a row per shape, each output
     matches F.rms_norm in float32 to bf16 rounding, and the floor is the bytes moved."""

@@ -6,9 +6,13 @@
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
     from xla_gpu_ops.compat.jax import ragged_paged_attention
 
+    from flashinfer import BatchPrefillWithPagedKVCacheWrapper     # and the decode wrapper
+    from xla_gpu_ops.compat.flashinfer import BatchPrefillWithPagedKVCacheWrapper
+
 Each takes its upstream function's parameters and defaults exactly (tests/test_compat.py compares
-the signatures). Upstream's layout is ours (kv_pages [P, page_size, 2*Hkv, D], K at even heads), so
-nothing is copied. The tuning arguments (num_kv_pages_per_block, num_queries_per_block,
+the signatures). Upstream's layout is ours (kv_pages [P, page_size, 2*Hkv, D], K at even heads;
+FlashInfer's pair or [P, 2, ...] tensor), so nothing is copied. FlashInfer's wrappers: their
+module's docstring. The tuning arguments (num_kv_pages_per_block, num_queries_per_block,
 vmem_limit_bytes) size Pallas TPU blocks and VMEM: they are accepted and ignored, since our kernels
 plan their own tiles from the shapes (kernels/ops/paged_attention/plan.h). mask_value: masked
 logits take it upstream and are dropped here, the same softmax for any value whose exp underflows

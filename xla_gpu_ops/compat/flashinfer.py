@@ -56,8 +56,6 @@ class _PagedKVWrapper:
         indptr: torch.Tensor,
         indices: torch.Tensor,
         last_page_len: torch.Tensor,
-        num_qo_heads: int,
-        num_kv_heads: int,
         head_dim: int,
         page_size: int,
         sm_scale: float | None,
@@ -91,10 +89,6 @@ class _PagedKVWrapper:
             "block_tables": tables,
             "query_start_loc": query_start_loc.to(device, torch.int32),
             "num_seqs": torch.tensor([batch], dtype=torch.int32, device=device),
-            "num_qo_heads": num_qo_heads,
-            "num_kv_heads": num_kv_heads,
-            "head_dim": head_dim,
-            "page_size": page_size,
             "scale": 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
             "window_left": window_left,
             "soft_cap": logits_soft_cap if logits_soft_cap else None,
@@ -209,6 +203,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedKVWrapper):
     ) -> None:
         """The batch's page table (CSR) and attention options, for the run() calls that follow."""
         del q_data_type, kv_data_type, o_data_type, data_type, non_blocking  # the tensors carry
+        del num_qo_heads, num_kv_heads  # so do q and the cache (the op checks both)
         del fixed_split_size, disable_split_kv  # FlashInfer's split choice; ours is planned
         self._refuse("pos_encoding_mode", pos_encoding_mode, "NONE", "RoPE inside attention")
         self._refuse("rope_scale", rope_scale, None, "RoPE inside attention")
@@ -222,8 +217,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedKVWrapper):
             indptr,
             indices,
             last_page_len,
-            num_qo_heads,
-            num_kv_heads,
             head_dim,
             page_size,
             sm_scale,
@@ -325,6 +318,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedKVWrapper):
         """The batch's query rows, page table (CSR) and attention options, for run(). causal
         False is taken where every request has one query row (then both mean the same)."""
         del q_data_type, kv_data_type, o_data_type, non_blocking  # the tensors carry them
+        del num_qo_heads, num_kv_heads  # so do q and the cache (the op checks both)
         del fixed_split_size, disable_split_kv, max_token_per_sequence, max_sequence_kv
         for name, value in (
             ("custom_mask", custom_mask),
@@ -358,8 +352,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedKVWrapper):
             paged_kv_indptr,
             paged_kv_indices,
             paged_kv_last_page_len,
-            num_qo_heads,
-            num_kv_heads,
             head_dim_qk,
             page_size,
             sm_scale,

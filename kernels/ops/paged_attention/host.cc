@@ -46,7 +46,7 @@ int32_t CheckMetadata(const PagedAttentionConfig& c, const int32_t* context_lens
                   static_cast<long long>(query_start_loc[i - 1]));
     }
   }
-  const int64_t capacity = c.pages_per_seq * c.page_size;
+  const int64_t capacity = c.pages_per_seq * c.kv.page_size;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t kv_len = context_lens[i];
     const int64_t q_len = static_cast<int64_t>(query_start_loc[i + 1]) - query_start_loc[i];
@@ -64,15 +64,15 @@ int32_t CheckMetadata(const PagedAttentionConfig& c, const int32_t* context_lens
                   static_cast<long long>(i), static_cast<long long>(q_len),
                   static_cast<long long>(kv_len));
     }
-    const int64_t used_pages = (kv_len + c.page_size - 1) / c.page_size;
+    const int64_t used_pages = (kv_len + c.kv.page_size - 1) / c.kv.page_size;
     for (int64_t j = 0; j < used_pages; ++j) {
       const int64_t page = block_tables[i * c.pages_per_seq + j];
-      if (page < 0 || page >= c.num_pages) {
+      if (page < 0 || page >= c.kv.num_pages) {
         return Fail(XGO_INVALID_ARGUMENT,
                     "paged_attention: block_tables: sequence %lld, entry %lld is page %lld, "
                     "outside [0, %lld)",
                     static_cast<long long>(i), static_cast<long long>(j),
-                    static_cast<long long>(page), static_cast<long long>(c.num_pages));
+                    static_cast<long long>(page), static_cast<long long>(c.kv.num_pages));
       }
     }
   }
@@ -92,7 +92,7 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   const KS* kv_data = static_cast<const KS*>(kv_cache);
   S* out_data = static_cast<S*>(out);
   const int64_t D = c.head_dim;
-  const int64_t group = c.num_q_heads / c.num_kv_heads;
+  const int64_t group = c.num_q_heads / c.kv.num_kv_heads;
   // V: its own cache, or kv_cache from v_offset on (KvCacheLayout strides)
   const KS* v_data = c.kv.caches == KvCaches::kSeparate ? static_cast<const KS*>(value_cache)
                                                         : kv_data + c.kv.v_offset;
@@ -117,14 +117,14 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
     keys.resize(kv_len * D);
     values.resize(kv_len * D);
     probs.resize(kv_len);
-    for (int64_t kv_head = 0; kv_head < c.num_kv_heads; ++kv_head) {
+    for (int64_t kv_head = 0; kv_head < c.kv.num_kv_heads; ++kv_head) {
       const double k_scale = scales.K(kv_head);
       const double v_scale = scales.V(kv_head);
       // Gather this sequence's K and V rows for one kv head from its pages, as float.
       for (int64_t pos = 0; pos < kv_len; ++pos) {
-        const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.page_size];
+        const int64_t page = block_tables[seq * c.pages_per_seq + pos / c.kv.page_size];
         const int64_t at =
-            page * page_stride + (pos % c.page_size) * row_stride + kv_head * head_stride;
+            page * page_stride + (pos % c.kv.page_size) * row_stride + kv_head * head_stride;
         const KS* k = kv_data + at;
         const KS* v = v_data + at;
         for (int64_t d = 0; d < D; ++d) {

@@ -345,16 +345,16 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.short_splits = plan.short_splits;
   params.num_tokens = static_cast<int>(c.num_tokens);
   params.num_q_heads = static_cast<int>(c.num_q_heads);
-  params.num_kv_heads = static_cast<int>(c.num_kv_heads);
+  params.num_kv_heads = static_cast<int>(c.kv.num_kv_heads);
   params.head_dim = static_cast<int>(c.head_dim);
   params.part_dim = KernelHeadDim(c.head_dim);
   // block_tables are int32, so no page past INT32_MAX can be named anyway.
-  params.num_pages = static_cast<int>(std::min<int64_t>(c.num_pages, INT32_MAX));
-  params.page_size = static_cast<int>(c.page_size);
+  params.num_pages = static_cast<int>(std::min<int64_t>(c.kv.num_pages, INT32_MAX));
+  params.page_size = static_cast<int>(c.kv.page_size);
   params.page_size_div = MakeFastDivisor(params.page_size);
   params.max_num_seqs = static_cast<int>(c.max_num_seqs);
   params.pages_per_seq = static_cast<int>(c.pages_per_seq);
-  params.group_size = static_cast<int>(c.num_q_heads / c.num_kv_heads);
+  params.group_size = static_cast<int>(c.num_q_heads / c.kv.num_kv_heads);
   params.heads_per_block = plan.heads_per_block;
   params.tokens_per_tile = plan.tokens_per_tile;
   params.num_splits = plan.num_splits;

@@ -101,9 +101,6 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.num_tokens = query.dims[0];
   c.num_q_heads = query.dims[1];
   c.head_dim = head_dim;
-  c.num_pages = kv.num_pages;
-  c.page_size = kv.page_size;
-  c.num_kv_heads = kv.num_kv_heads;
   c.kv = kv;
   c.max_num_seqs = max_num_seqs;
   c.pages_per_seq = block_tables.dims[1];
@@ -113,8 +110,8 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
   c.k_scale = call.attrs.k_scale;
   c.v_scale = call.attrs.v_scale;
   c.has_sinks = sinks.dims[0] > 0;
-  XGO_RETURN_IF_FAILED(CheckScales(kOp, "k_scale", call.operands[kKScales], c.num_kv_heads));
-  XGO_RETURN_IF_FAILED(CheckScales(kOp, "v_scale", call.operands[kVScales], c.num_kv_heads));
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "k_scale", call.operands[kKScales], c.kv.num_kv_heads));
+  XGO_RETURN_IF_FAILED(CheckScales(kOp, "v_scale", call.operands[kVScales], c.kv.num_kv_heads));
   c.k_scales_len = call.operands[kKScales].dims[0];
   c.v_scales_len = call.operands[kVScales].dims[0];
 
@@ -126,13 +123,13 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
                    "head_dim must be a multiple of 16 up to 256 (64, 80, 96, 128, 192, 256, ...)",
                    c.head_dim);
   }
-  if (c.num_q_heads % c.num_kv_heads != 0) {
+  if (c.num_q_heads % c.kv.num_kv_heads != 0) {
     return Fail(XGO_INVALID_ARGUMENT,
                 "paged_attention: query: num_q_heads %lld is not a multiple of num_kv_heads %lld",
-                static_cast<long long>(c.num_q_heads), static_cast<long long>(c.num_kv_heads));
+                static_cast<long long>(c.num_q_heads), static_cast<long long>(c.kv.num_kv_heads));
   }
-  if (c.page_size < 1 || c.page_size > kMaxPageSize) {
-    return Invalid("kv_cache", "page_size must be in [1, 128]", c.page_size);
+  if (c.kv.page_size < 1 || c.kv.page_size > kMaxPageSize) {
+    return Invalid("kv_cache", "page_size must be in [1, 128]", c.kv.page_size);
   }
   if (c.max_num_seqs <= 0) {
     return Invalid("context_lens", "needs at least one sequence slot", c.max_num_seqs);
@@ -141,7 +138,7 @@ int32_t PagedAttention::Describe(const OpCall<PagedAttention>& call, Config* con
     return Invalid("block_tables", "needs at least one page per sequence", c.pages_per_seq);
   }
   // context_lens are int32: a capacity beyond that could never be addressed consistently.
-  if (c.pages_per_seq > INT32_MAX / c.page_size) {
+  if (c.pages_per_seq > INT32_MAX / c.kv.page_size) {
     return Invalid("block_tables", "pages_per_seq * page_size must fit in int32", c.pages_per_seq);
   }
   if (c.sliding_window < 0) {

@@ -38,7 +38,7 @@ struct PagedAttentionParams {
   // (one 64-bit parameter read where a V row is addressed, not a second pointer in registers).
   int64_t v_offset;
   // Elements between a cache's pages, a page's rows and its KV heads, the same for K and V
-  // (PagedAttentionConfig::kv_page_stride, kv_row_stride, kv_head_stride: NHD or HND).
+  // (KvCacheLayout, core/kv_cache.h: NHD or HND, interleaved, separate or paired).
   int64_t kv_page_stride;
   int kv_row_stride;
   int kv_head_stride;

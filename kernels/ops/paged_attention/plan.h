@@ -20,10 +20,7 @@ struct PagedAttentionConfig {
   int32_t kv_dtype;  // kv_cache
   int64_t num_tokens;
   int64_t num_q_heads;
-  int64_t num_kv_heads;
-  int64_t head_dim;
-  int64_t num_pages;
-  int64_t page_size;
+  int64_t head_dim;  // query's, the cache's too (kv.head_dim)
   int64_t max_num_seqs;
   int64_t pages_per_seq;
   int64_t sliding_window;  // 0: no window
@@ -34,7 +31,9 @@ struct PagedAttentionConfig {
   bool has_sinks;  // sinks is [num_q_heads], not [0]
   // Entries of k_scales / v_scales: 0 (none), 1 (one for every KV head) or num_kv_heads.
   int64_t k_scales_len, v_scales_len;
-  KvCacheLayout kv;  // the caches' arrangement (interleaved, separate, paired), order, strides
+  // The caches: their pages, page size, KV heads, arrangement (interleaved, separate, paired),
+  // order (NHD, HND) and strides.
+  KvCacheLayout kv;
 };
 
 // Workspace (float32 elements), in this order:
@@ -161,7 +160,7 @@ inline PagedAttentionPlan PlanShapes(const PagedAttentionConfig& c) {
   PagedAttentionPlan p{};
   p.tensor_cores = c.dtype != XGO_F32;
   p.fp8_kv = c.kv_dtype == XGO_F8E4M3FN;
-  const int64_t group = c.num_q_heads / c.num_kv_heads;
+  const int64_t group = c.num_q_heads / c.kv.num_kv_heads;
   // Few query tokens per sequence (decode): one 16-row warp tile, the 4 warps split the keys.
   // Many (prefill): 4 warps x 16 rows, each warp over all keys.
   const bool decode_like = c.num_tokens <= kDecodeLikeTokensPerSeq * c.max_num_seqs;
@@ -186,7 +185,7 @@ inline PagedAttentionPlan PlanShapes(const PagedAttentionConfig& c) {
   p.num_q_tiles = c.num_tokens / p.tokens_per_tile + c.max_num_seqs;
   p.num_head_blocks = c.num_q_heads / heads;
   const int64_t blocks = p.num_q_tiles * p.num_head_blocks;
-  const int64_t capacity = c.pages_per_seq * c.page_size;
+  const int64_t capacity = c.pages_per_seq * c.kv.page_size;
   // Prefill-like batches have many real blocks already; their static bound overestimates them.
   const int64_t target = decode_like ? kDecodeTargetBlocks : kTargetBlocks / 2;
   int64_t splits = (target + blocks - 1) / blocks;

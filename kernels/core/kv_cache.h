@@ -26,6 +26,9 @@ struct KvCacheLayout {
   // p * page_stride + r * row_stride + h * head_stride from kv_cache's start; V at v_offset from
   // it (interleaved, paired), or at the same offset in value_cache (separate; v_offset 0).
   int64_t page_stride, row_stride, head_stride, v_offset;
+
+  // V in a buffer of its own (value_cache), not at v_offset in kv_cache.
+  bool separate() const { return caches == KvCaches::kSeparate; }
 };
 
 }  // namespace xgo

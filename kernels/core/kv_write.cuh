@@ -47,7 +47,6 @@ struct KvWrite {
   float k_scale, v_scale;
   int64_t k_scales_len, v_scales_len;  // entries of k_scales / v_scales: 0 (none), 1 or Hkv
 
-  bool separate() const { return cache.caches == KvCaches::kSeparate; }
   // Elements of each cache buffer (kv_cache; value_cache too when separate).
   int64_t cache_elems() const { return cache.num_pages * cache.page_stride; }
   XGO_HOST_DEVICE int64_t CacheOffset(int64_t slot, int64_t kv_head) const {
@@ -222,9 +221,9 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
       {"k_scales", b.k_scales, !scales_absent[0] && w.num_tokens > 0},
       {"v_scales", b.v_scales, !scales_absent[1] && w.num_tokens > 0},
       {"kv_cache", b.cache, true},
-      {"value_cache", b.value_cache, w.separate()},
+      {"value_cache", b.value_cache, w.cache.separate()},
       {"the result kv_cache", b.out, true},
-      {"the result value_cache", b.value_out, w.separate()},
+      {"the result value_cache", b.value_out, w.cache.separate()},
   };
   for (const auto& p : pointers) {
     if (p.needed && p.pointer == nullptr) {
@@ -236,7 +235,7 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
   if (b.out != b.cache) {
     XGO_CUDA_CHECK(cudaMemcpyAsync(b.out, b.cache, bytes, cudaMemcpyDeviceToDevice, stream));
   }
-  if (w.separate() && b.value_out != b.value_cache) {
+  if (w.cache.separate() && b.value_out != b.value_cache) {
     XGO_CUDA_CHECK(
         cudaMemcpyAsync(b.value_out, b.value_cache, bytes, cudaMemcpyDeviceToDevice, stream));
   }
@@ -253,7 +252,7 @@ int32_t LaunchKvWrite(const KvWrite& w, const KvWriteBuffers& b, cudaStream_t st
       KvWriteKernel<In, Out, Slot><<<blocks, kKvWriteThreads, 0, stream>>>(
           static_cast<const In*>(b.key), static_cast<const In*>(b.value),
           static_cast<const Slot*>(b.slots), k_cache,
-          w.separate() ? static_cast<Out*>(b.value_out) : k_cache, w, scales);
+          w.cache.separate() ? static_cast<Out*>(b.value_out) : k_cache, w, scales);
       XGO_CUDA_CHECK(cudaGetLastError());
       return int32_t{XGO_OK};
     };
@@ -271,7 +270,8 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
   XGO_RETURN_IF_FAILED(CheckKvSlots(w, b.slots));
   const size_t bytes = static_cast<size_t>(w.cache_elems()) * DtypeSize(w.cache_dtype);
   if (b.out != b.cache) std::memcpy(b.out, b.cache, bytes);
-  if (w.separate() && b.value_out != b.value_cache) std::memcpy(b.value_out, b.value_cache, bytes);
+  if (w.cache.separate() && b.value_out != b.value_cache)
+    std::memcpy(b.value_out, b.value_cache, bytes);
   return host::DispatchHost(ComputeDtypes{}, w.dtype, w.op, [&](auto type) {
     using In = typename decltype(type)::Type;
     auto scatter = [&](auto cache_type) -> int32_t {
@@ -281,7 +281,8 @@ int32_t RunKvWriteHost(const KvWrite& w, const KvWriteBuffers& b) {
       const auto* key = static_cast<const Source*>(b.key);
       const auto* value = static_cast<const Source*>(b.value) + w.src_v;
       auto* k_cache = static_cast<Target*>(b.out);
-      auto* v_cache = w.separate() ? static_cast<Target*>(b.value_out) : k_cache + w.cache.v_offset;
+      auto* v_cache =
+          w.cache.separate() ? static_cast<Target*>(b.value_out) : k_cache + w.cache.v_offset;
       const KvScales scales = MakeKvScales(w.k_scale, w.v_scale, w.k_scales_len, w.v_scales_len,
                                            b.k_scales, b.v_scales);
       for (int64_t n = 0; n < w.num_tokens; ++n) {

@@ -94,8 +94,8 @@ int32_t AttentionTyped(const PagedAttentionConfig& c, const void* query, const v
   const int64_t D = c.head_dim;
   const int64_t group = c.num_q_heads / c.kv.num_kv_heads;
   // V: its own cache, or kv_cache from v_offset on (KvCacheLayout strides)
-  const KS* v_data = c.kv.caches == KvCaches::kSeparate ? static_cast<const KS*>(value_cache)
-                                                        : kv_data + c.kv.v_offset;
+  const KS* v_data =
+      c.kv.separate() ? static_cast<const KS*>(value_cache) : kv_data + c.kv.v_offset;
   const int64_t page_stride = c.kv.page_stride, row_stride = c.kv.row_stride;
   const int64_t head_stride = c.kv.head_stride;
   const bool capped = c.soft_cap > 0.0f;

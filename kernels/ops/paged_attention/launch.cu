@@ -298,14 +298,14 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
     // an optional operand left out is [0]: any pointer
     const bool absent = (i == kSinks && !c.has_sinks) || (i == kKScales && c.k_scales_len == 0) ||
                         (i == kVScales && c.v_scales_len == 0) ||
-                        (i == kValueCache && c.kv.caches != KvCaches::kSeparate);
+                        (i == kValueCache && !c.kv.separate());
     if (buffers[i] == nullptr && !absent) {
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: pointer is NULL", name);
     }
   }
   // 16-byte cp.async and vector stores need aligned rows (every row is a multiple of 16 bytes).
   for (const int i : {int{kQuery}, int{kKvCache}, int{kOut}, int{kWorkspace}, int{kValueCache}}) {
-    if (i == kValueCache && c.kv.caches != KvCaches::kSeparate) continue;
+    if (i == kValueCache && !c.kv.separate()) continue;
     if (!Aligned16(buffers[i])) {
       const char* name = i < kOut ? kOperandNames[i] : kResultNames[i - kOut];
       return Fail(XGO_INVALID_ARGUMENT, "paged_attention: %s: must be 16-byte aligned", name);
@@ -316,11 +316,10 @@ int32_t PagedAttention::Launch(const Config& c, void* const* buffers, cudaStream
   params.query = buffers[kQuery];
   params.kv_cache = buffers[kKvCache];
   // Both caches are 16-byte aligned (checked above), so the difference is whole elements.
-  params.v_offset = c.kv.caches == KvCaches::kSeparate
-                        ? (reinterpret_cast<intptr_t>(buffers[kValueCache]) -
-                           reinterpret_cast<intptr_t>(buffers[kKvCache])) /
-                              DtypeSize(c.kv_dtype)
-                        : c.kv.v_offset;
+  params.v_offset = c.kv.separate() ? (reinterpret_cast<intptr_t>(buffers[kValueCache]) -
+                                       reinterpret_cast<intptr_t>(buffers[kKvCache])) /
+                                          DtypeSize(c.kv_dtype)
+                                    : c.kv.v_offset;
   params.kv_page_stride = c.kv.page_stride;
   params.kv_row_stride = static_cast<int>(c.kv.row_stride);
   params.kv_head_stride = static_cast<int>(c.kv.head_stride);
